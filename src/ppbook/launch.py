@@ -1,0 +1,144 @@
+"""Run a companion script under torchrun from a notebook cell or a test, and read its JSON.
+
+Introduced in chapter 1 ("Your first pipeline"); every chapter that launches a script uses it.
+
+Why not ``!torchrun ...`` in a cell: IPython ignores the exit status, so a script that crashes
+(or a ``torchrun`` missing from PATH) leaves the build green. :func:`torchrun` runs
+``python -m torch.distributed.run`` with the current interpreter, bounds it with a timeout
+(killing every rank on expiry, so a hang cannot stall the build), raises
+:class:`LaunchError` with the output's tail when the exit status is not zero, and returns the
+JSON the script wrote to ``--json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+
+class LaunchError(RuntimeError):
+    """A launched script failed, timed out, or wrote no JSON."""
+
+
+@dataclass
+class RunResult:
+    command: list[str]
+    returncode: int
+    output: str  # stdout and stderr, interleaved as the script wrote them
+    seconds: float
+    data: dict | None = field(default=None)
+
+    @property
+    def shell_command(self) -> str:
+        """The command as a reader would type it (with ``torchrun`` for the launcher module)."""
+        cmd = list(self.command)
+        if cmd[:3] == [sys.executable, "-m", "torch.distributed.run"]:
+            cmd = ["torchrun"] + cmd[3:]
+        elif cmd[:1] == [sys.executable]:
+            cmd = ["python"] + cmd[1:]
+        return shlex.join(cmd)
+
+
+def repo_root(start: Path | None = None) -> Path:
+    """The folder holding ``_toc.yml``: found upwards from ``start`` (default: the working directory)."""
+    here = (start or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        if (folder / "_toc.yml").is_file() and (folder / "scripts").is_dir():
+            return folder
+    fallback = Path(__file__).resolve().parents[2]  # src/ppbook/launch.py -> repository root
+    if (fallback / "scripts").is_dir():
+        return fallback
+    raise LaunchError(f"cannot find the book's repository root (a folder with _toc.yml) above {here}")
+
+
+def script_path(name: str | Path) -> Path:
+    """``scripts/<name>`` of the book, or ``name`` itself when it is an absolute path."""
+    path = Path(name) if Path(name).is_absolute() else repo_root() / "scripts" / name
+    if not path.is_file():
+        raise LaunchError(f"no such script: {path}")
+    return path
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and all its descendants.
+
+    Killing torchrun's process group is not enough: torchrun starts each rank in a session of
+    its own, so the ranks would outlive it and keep our output pipe open.
+    """
+    try:
+        parent = psutil.Process(pid)
+        family = parent.children(recursive=True) + [parent]  # collect before killing: orphans get re-parented
+    except psutil.NoSuchProcess:
+        return
+    for p in family:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(family, timeout=10)
+
+
+def _run(command: list[str], timeout: float, cwd: Path, expect_json: Path | None, check: bool) -> RunResult:
+    env = dict(os.environ)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    # The ranks' own progress bars are for people at a terminal, not for captured output.
+    env.setdefault("TQDM_DISABLE", "1")
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_tree(proc.pid)
+        output, _ = proc.communicate(timeout=30)
+        raise LaunchError(f"timed out after {timeout:.0f} s (all ranks killed): {shlex.join(command)}\n"
+                          f"--- last output ---\n{output[-4000:]}") from None
+    seconds = time.perf_counter() - t0
+    result = RunResult(command, proc.returncode, output, seconds)
+    if check and proc.returncode != 0:
+        raise LaunchError(f"exit status {proc.returncode}: {result.shell_command}\n--- last output ---\n{output[-4000:]}")
+    if expect_json is not None and proc.returncode == 0:
+        if not expect_json.is_file():
+            raise LaunchError(f"the script exited 0 but wrote no JSON to {expect_json}: {result.shell_command}")
+        result.data = json.loads(expect_json.read_text())
+    return result
+
+
+def _launch(prefix: list[str], script: str, args, timeout: float, check: bool, json_result: bool) -> RunResult:
+    root = repo_root()
+    with tempfile.TemporaryDirectory(prefix="ppbook-") as tmp:
+        out = Path(tmp) / "result.json"
+        extra = ["--json", str(out)] if json_result else []
+        path = script_path(script)
+        shown = path.relative_to(root) if path.is_relative_to(root) else path
+        command = [*prefix, str(shown), *map(str, args), *extra]
+        return _run(command, timeout, root, out if json_result else None, check)
+
+
+def torchrun(script: str, args: list[str] | tuple = (), nproc: int = 2, timeout: float = 120.0,
+             check: bool = True, json_result: bool = True) -> RunResult:
+    """Launch ``scripts/<script>`` on ``nproc`` local processes with ``torchrun --standalone``.
+
+    With ``json_result`` the script gets ``--json <tmpfile>`` appended and its content is
+    returned as ``.data``. With ``check=False`` a failing script returns its result instead of
+    raising, for chapters and tests that show an error on purpose.
+    """
+    if nproc < 1:
+        raise ValueError(f"nproc must be at least 1, got {nproc}")
+    prefix = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
+    return _launch(prefix, script, args, timeout, check, json_result)
+
+
+def python(script: str, args: list[str] | tuple = (), timeout: float = 120.0, check: bool = True,
+           json_result: bool = True) -> RunResult:
+    """Run ``scripts/<script>`` as one plain process (no torchrun), the same way."""
+    return _launch([sys.executable], script, args, timeout, check, json_result)
