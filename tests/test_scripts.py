@@ -1,0 +1,61 @@
+"""Every companion script under torchrun at 2 and 4 processes, checked against one process."""
+
+import pytest
+
+from ppbook import launch
+
+pytestmark = pytest.mark.torchrun
+
+
+def assert_matches_one_process(data: dict):
+    assert data["match"], data
+    assert data["pipeline_losses"] == data["reference_losses"]
+    for stage in data["stages"]:
+        assert stage["max_grad_diff"] == 0.0, stage  # same microbatches, same order: bitwise equal
+        assert stage["max_weight_diff"] == 0.0, stage
+
+
+@pytest.mark.parametrize("nproc", [2, 4])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_first_pipeline_matches_one_process(nproc, dtype):
+    r = launch.torchrun("01_first_pipeline.py", ["--check", "--dtype", dtype], nproc=nproc, timeout=180)
+    assert r.data["world_size"] == nproc
+    assert sum(r.data["layers_per_stage"], []) == list(range(4))
+    assert_matches_one_process(r.data)
+
+
+def test_first_pipeline_uneven_stages_and_more_microbatches():
+    r = launch.torchrun("01_first_pipeline.py", ["--check", "--layers", "5", "--microbatches", "8",
+                                                 "--batch-size", "16", "--steps", "2"], nproc=2, timeout=180)
+    assert r.data["layers_per_stage"] == [[0, 1, 2], [3, 4]]
+    assert_matches_one_process(r.data)
+
+
+def test_first_pipeline_one_process_without_torchrun():
+    r = launch.python("01_first_pipeline.py", ["--check"], timeout=120)
+    assert r.data["world_size"] == 1
+    assert_matches_one_process(r.data)
+
+
+def test_first_pipeline_loss_falls():
+    r = launch.python("01_first_pipeline.py", ["--steps", "6", "--lr", "3e-3"], timeout=120)
+    losses = r.data["pipeline_losses"]
+    assert losses[-1] < losses[0]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--batch-size", "10", "--microbatches", "4"], "not divisible by --microbatches 4"),
+    (["--layers", "1"], "need at least 2 layers"),
+    (["--microbatches", "0"], "--microbatches must be at least 1"),
+    (["--dim", "30", "--heads", "4"], "--dim 30 must be divisible by --heads 4"),
+])
+def test_first_pipeline_bad_input_one_line_nonzero_exit(args, message):
+    r = launch.torchrun("01_first_pipeline.py", args, nproc=2, timeout=60, check=False, json_result=False)
+    assert r.returncode != 0
+    errors = sorted({line for line in r.output.splitlines() if line.startswith("01_first_pipeline.py: error:")})
+    assert len(errors) == 1 and message in errors[0], r.output
+
+
+def test_first_pipeline_argparse_rejects_unknown_dtype():
+    r = launch.python("01_first_pipeline.py", ["--dtype", "float16"], timeout=60, check=False, json_result=False)
+    assert r.returncode == 2 and "invalid choice" in r.output
