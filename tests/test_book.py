@@ -1,0 +1,78 @@
+"""The book as a whole: the full build is the integration test of every chapter."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import ROOT
+
+pytestmark = pytest.mark.book
+
+CHAPTER_HEADER = """---
+jupytext:
+  text_representation:
+    extension: .md
+    format_name: myst
+kernelspec:
+  display_name: Python 3
+  language: python
+  name: python3
+---
+"""
+
+
+def toc_files() -> list[str]:
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    files = [toc["root"]]
+    for part in toc.get("parts", []):
+        files += [c["file"] for c in part["chapters"]]
+    return files
+
+
+def test_full_build_is_clean_and_executes_every_chapter(built_book):
+    """Built with -W -n from an empty cache (see conftest): any warning or failing cell fails it."""
+    log = (built_book.parents[1] / "build.log").read_text()
+    assert "build succeeded" in log
+    for f in toc_files():
+        assert (built_book / (f + ".html")).is_file(), f
+    notebooks = [f for f in toc_files() if "code-cell" in (ROOT / (f + ".md")).read_text()]
+    executed = re.findall(r"(\S+\.md): Executed notebook in ([\d.]+) seconds", log)
+    assert {Path(p).stem for p, _ in executed} == {Path(f).name for f in notebooks}
+    # the executed notebooks are offered for download next to the sources
+    for f in notebooks:
+        assert (built_book / "_sources" / (f + ".ipynb")).is_file()
+
+
+def test_no_glue_or_role_left_unrendered(built_book):
+    for page in built_book.rglob("book/*.html"):
+        text = page.read_text()
+        assert "{glue" not in text and "{numref" not in text and "{cite" not in text, page
+
+
+def _mini_book(tmp_path: Path, cell: str) -> subprocess.CompletedProcess:
+    """A one-page book with the real _config.yml, whose only code cell is ``cell``."""
+    for name in ("_config.yml",):
+        shutil.copy(ROOT / name, tmp_path / name)
+    shutil.copytree(ROOT / "_vendor", tmp_path / "_vendor")
+    (tmp_path / "book").mkdir()
+    shutil.copy(ROOT / "book" / "references.bib", tmp_path / "book" / "references.bib")
+    (tmp_path / "_toc.yml").write_text("format: jb-book\nroot: book/page\n")
+    (tmp_path / "book" / "page.md").write_text(
+        CHAPTER_HEADER + "\n# A page\n\nText.\n\n```{code-cell} ipython3\n" + cell + "\n```\n")
+    cmd = [str(Path(sys.executable).with_name("jupyter-book")), "build", str(tmp_path), "--all", "-W", "-n", "--keep-going"]
+    return subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+
+
+def test_a_failing_cell_fails_the_build(tmp_path):
+    ok = _mini_book(tmp_path / "ok", "x = 1 / 1\nprint(x)") if (tmp_path / "ok").mkdir() is None else None
+    assert ok.returncode == 0, ok.stdout[-3000:] + ok.stderr[-3000:]
+    bad = _mini_book(tmp_path / "bad", "x = 1 / 0") if (tmp_path / "bad").mkdir() is None else None
+    assert bad.returncode != 0
+    assert "ZeroDivisionError" in bad.stdout + bad.stderr

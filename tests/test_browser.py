@@ -1,0 +1,116 @@
+"""The rendered site in headless Chromium: pages load, figures have pixels, code is highlighted,
+math is typeset, and the console shows no errors beyond known harmless ones."""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import os
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.book
+
+# Known harmless console errors of Jupyter Book 1.x pages served without a launch service.
+HARMLESS = (
+    "Identifier 'THEBE_JS_URL' has already been declared",
+    "Got invalid theme mode",  # pydata-sphinx-theme on a first visit (empty localStorage)
+)
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
+
+
+def chromium_path() -> str | None:
+    for exe in (os.environ.get("PPBOOK_CHROMIUM"), "/usr/bin/chromium", "/usr/bin/chromium-browser",
+                shutil.which("chromium")):
+        if exe and os.access(exe, os.X_OK):
+            return exe
+    return None
+
+
+@pytest.fixture(scope="module")
+def site(built_book):
+    exe = chromium_path()
+    if exe is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium is missing in CI: `make test` should have installed it (tools/ensure_chromium.sh)")
+        pytest.skip("no chromium here; run tools/ensure_chromium.sh or set PPBOOK_CHROMIUM")
+    from playwright.sync_api import sync_playwright
+
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(built_book))
+    handler.log_message = lambda *a, **k: None
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=exe, args=FLAGS)
+        yield browser, f"http://127.0.0.1:{httpd.server_address[1]}", built_book
+        browser.close()
+    httpd.shutdown()
+
+
+def visit(site, rel: str):
+    browser, base, _ = site
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    errors, missing = [], []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("response", lambda r: missing.append(r.url) if r.status >= 400 else None)
+    response = page.goto(f"{base}/{rel}")
+    page.wait_for_load_state("networkidle")
+    assert response.status == 200, rel
+    return page, errors, missing
+
+
+def pages(site) -> list[str]:
+    root = site[2]
+    return ["index.html"] + sorted(str(p.relative_to(root)) for p in (root / "book").glob("*.html"))
+
+
+def test_every_page_loads_without_console_errors(site):
+    for rel in pages(site):
+        page, errors, missing = visit(site, rel)
+        assert page.title().strip(), rel
+        missing = [u for u in missing if not u.endswith("/favicon.ico")]
+        assert not missing, (rel, missing)
+        real = [e for e in errors if not any(h in e for h in HARMLESS)
+                and not ("Failed to load resource" in e and "404" in e)]  # favicon.ico, checked above
+        assert not real, (rel, real)
+        page.close()
+
+
+def test_figures_have_real_pixels(site):
+    checked = 0
+    for rel in pages(site):
+        page, _, _ = visit(site, rel)
+        for img in page.query_selector_all("article img[src*='_images/']"):
+            stats = img.evaluate("""(im) => {
+                const c = document.createElement('canvas');
+                c.width = im.naturalWidth; c.height = im.naturalHeight;
+                const ctx = c.getContext('2d'); ctx.drawImage(im, 0, 0);
+                const d = ctx.getImageData(0, 0, c.width, c.height).data;
+                const colours = new Set();
+                for (let i = 0; i < d.length; i += 4 * 7) colours.add(d[i] << 16 | d[i+1] << 8 | d[i+2]);
+                return {w: im.naturalWidth, h: im.naturalHeight, colours: colours.size};
+            }""")
+            assert stats["w"] > 100 and stats["h"] > 100, (rel, stats)
+            assert stats["colours"] > 20, (rel, stats)  # a plot, not a blank or single-colour image
+            checked += 1
+        page.close()
+    assert checked >= 1
+
+
+def test_code_is_highlighted_and_math_typeset(site):
+    page, _, _ = visit(site, "book/00_intro.html")
+    keyword_colour = page.eval_on_selector("div.highlight pre span.k", "e => getComputedStyle(e).color")
+    text_colour = page.eval_on_selector("div.highlight pre", "e => getComputedStyle(e).color")
+    assert keyword_colour != text_colour
+    page.wait_for_selector("mjx-container", timeout=15000)
+    assert page.locator("mjx-container").count() >= 1
+    assert "$$" not in page.inner_text("article")
+    # tables printed by cells are rendered as tables, not as Markdown source
+    assert page.locator("article table").count() >= 2
+    assert "|:--" not in page.inner_text("article")
+    page.close()
