@@ -1,0 +1,166 @@
+"""Record what every rank of a pipeline did and when, and draw it.
+
+Introduced in chapter 2 ("Naive model parallelism"); the GPipe and schedules chapters use it.
+
+A timeline is a list of events, one per action, in torch's notation: stage 1, forward,
+microbatch 3 is ``1F3`` (``F`` forward, ``B`` full backward, ``I`` input-gradient backward,
+``W`` weight-gradient backward). The recorder and the simulator (:mod:`ppbook.simulate`) produce
+the same format, so one plotting function draws both.
+
+The recorder times the three methods every schedule of ``torch.distributed.pipelining`` calls on
+a stage (``forward_one_chunk``, ``backward_one_chunk``, ``backward_weight_one_chunk``) by
+wrapping them on the stage *instance*; torch itself is not patched. Receives are waited on
+before those calls, so a recorded action is computation and the gaps are waiting. A hand-written
+pipeline records its actions with :meth:`Recorder.span`.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+
+KIND_COLOURS = {"F": "#4C72B0", "B": "#DD8452", "I": "#C44E52", "W": "#55A868"}
+
+
+@dataclass(frozen=True)
+class Event:
+    rank: int
+    stage: int
+    kind: str  # "F", "B", "I" or "W"
+    microbatch: int
+    start: float  # seconds from the start of the step (after a barrier)
+    end: float
+
+    @property
+    def label(self) -> str:
+        return f"{self.stage}{self.kind}{self.microbatch}"
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+
+class Recorder:
+    """Collects this rank's events for one step at a time."""
+
+    def __init__(self, rank: int):
+        self.rank = rank
+        self.events: list[Event] = []
+        self._t0 = time.perf_counter()
+
+    def start_step(self) -> None:
+        """Forget earlier events and restart the clock (call it right after a barrier)."""
+        self.events = []
+        self._t0 = time.perf_counter()
+
+    @contextmanager
+    def span(self, stage: int, kind: str, microbatch: int):
+        start = time.perf_counter() - self._t0
+        try:
+            yield
+        finally:
+            self.events.append(Event(self.rank, stage, kind, microbatch, start, time.perf_counter() - self._t0))
+
+    def attach(self, stage) -> None:
+        """Time every action a torch schedule runs on ``stage`` (a ``PipelineStage``)."""
+        index = stage.stage_index
+
+        def wrap(method, kind_of):
+            @functools.wraps(method)
+            def timed(chunk_id, *args, **kwargs):
+                with self.span(index, kind_of(kwargs), chunk_id):
+                    return method(chunk_id, *args, **kwargs)
+            return timed
+
+        stage.forward_one_chunk = wrap(stage.forward_one_chunk, lambda kw: "F")
+        # full_backward=False computes only input gradients (zero-bubble schedules split B into I and W)
+        stage.backward_one_chunk = wrap(stage.backward_one_chunk,
+                                        lambda kw: "B" if kw.get("full_backward", True) else "I")
+        stage.backward_weight_one_chunk = wrap(stage.backward_weight_one_chunk, lambda kw: "W")
+
+
+def to_json(events: list[Event]) -> list[dict]:
+    return [asdict(e) for e in events]
+
+
+def from_json(rows: list[dict]) -> list[Event]:
+    return [Event(**row) for row in rows]
+
+
+def gather(recorder: Recorder) -> list[Event] | None:
+    """Every rank's events on rank 0 (sorted by start), ``None`` elsewhere."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return sorted(recorder.events, key=lambda e: e.start)
+    out = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(to_json(recorder.events), out, dst=0)
+    if out is None:
+        return None
+    return sorted((e for rows in out for e in from_json(rows)), key=lambda e: e.start)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading a timeline
+# ---------------------------------------------------------------------------------------------
+def span(events: list[Event]) -> tuple[float, float]:
+    """From the first action's start to the last action's end: the step as the pipeline saw it."""
+    return min(e.start for e in events), max(e.end for e in events)
+
+
+def busy_fraction(events: list[Event], rank: int) -> float:
+    """Share of the step during which ``rank`` was computing (the rest is bubble or waiting)."""
+    t0, t1 = span(events)
+    return sum(e.duration for e in events if e.rank == rank) / (t1 - t0)
+
+
+def busy_fractions(events: list[Event]) -> dict[int, float]:
+    return {r: busy_fraction(events, r) for r in sorted({e.rank for e in events})}
+
+
+def mean_costs(events: list[Event]) -> dict[tuple[int, str], float]:
+    """Mean duration of each (stage, kind): the costs to feed the simulator."""
+    sums: dict[tuple[int, str], list[float]] = {}
+    for e in events:
+        sums.setdefault((e.stage, e.kind), []).append(e.duration)
+    return {k: sum(v) / len(v) for k, v in sums.items()}
+
+
+def comm_latency(events: list[Event]) -> float:
+    """Median delay between an action finishing and the dependent action starting on a rank that
+    was already idle: the cost of one point-to-point hand-off, measured."""
+    by_key = {(e.stage, e.kind, e.microbatch): e for e in events}
+    free_at: dict[int, float] = {}
+    gaps = []
+    for e in sorted(events, key=lambda e: e.start):
+        dep = by_key.get((e.stage - 1, "F", e.microbatch)) if e.kind == "F" else \
+            by_key.get((e.stage + 1, "B", e.microbatch)) if e.kind == "B" else None
+        if dep is not None and dep.rank != e.rank and free_at.get(e.rank, 0.0) <= dep.end:
+            gaps.append(e.start - dep.end)
+        free_at[e.rank] = e.end
+    gaps.sort()
+    return gaps[len(gaps) // 2] if gaps else 0.0
+
+
+def plot(events: list[Event], ax=None, title: str | None = None, labels: bool = True, time_unit: str = "ms"):
+    """A per-rank Gantt chart: one row per rank, one bar per action, white gaps are idle time."""
+    import matplotlib.pyplot as plt
+
+    scale = {"s": 1.0, "ms": 1e3}[time_unit]
+    ax = ax or plt.gca()
+    t0, t1 = span(events)
+    ranks = sorted({e.rank for e in events})
+    for e in events:
+        x, w = (e.start - t0) * scale, e.duration * scale
+        ax.barh(e.rank, w, left=x, height=0.8, color=KIND_COLOURS[e.kind], edgecolor="white", linewidth=0.5)
+        if labels and w > 0.035 * (t1 - t0) * scale:
+            ax.text(x + w / 2, e.rank, e.label, ha="center", va="center", fontsize=7, color="white")
+    ax.set_yticks(ranks, [f"rank {r}" for r in ranks])
+    ax.set_ylim(max(ranks) + 0.6, min(ranks) - 0.6)
+    ax.set_xlim(0, (t1 - t0) * scale)
+    ax.set_xlabel(f"time ({time_unit})")
+    if title:
+        ax.set_title(title, fontsize=10, loc="left")
+    return ax
