@@ -80,8 +80,9 @@ def _dependency(a: Action, num_stages: int) -> Action | None:
     raise ValueError(f"unknown action kind {a.kind!r}")
 
 
-def simulate(order: Order, costs: Costs, latency: float = 0.0) -> list[Event]:
-    """Run ``order`` with the given per-action ``costs`` and point-to-point ``latency``.
+def simulate(order: Order, costs: Costs, latency: float = 0.0, overhead: float = 0.0) -> list[Event]:
+    """Run ``order`` with the given per-action ``costs`` and point-to-point ``latency``; each
+    action after a rank's first also waits ``overhead`` after the rank's previous action.
 
     ``costs`` maps a kind (``{"F": 1, "B": 2}``) or a (stage, kind) pair to seconds, or is a
     function of the :class:`Action`. Raises ``ValueError`` if the order deadlocks (an action
@@ -103,7 +104,7 @@ def simulate(order: Order, costs: Costs, latency: float = 0.0) -> list[Event]:
                 if dep is not None and dep not in done:
                     break
                 ready = 0.0 if dep is None else done[dep].end + (latency if rank_of[dep.stage] != r else 0.0)
-                start = max(free_at[r], ready)
+                start = max(free_at[r] + (overhead if position[r] else 0.0), ready)
                 done[a] = Event(r, a.stage, a.kind, a.microbatch, start, start + cost(a))
                 free_at[r] = done[a].end
                 position[r] += 1

@@ -30,7 +30,7 @@ class Event:
     stage: int
     kind: str  # "F", "B", "I" or "W"
     microbatch: int
-    start: float  # seconds from the start of the step (after a barrier)
+    start: float  # seconds; after gather(), from the first action of the step on any rank
     end: float
 
     @property
@@ -48,20 +48,21 @@ class Recorder:
     def __init__(self, rank: int):
         self.rank = rank
         self.events: list[Event] = []
-        self._t0 = time.perf_counter()
 
     def start_step(self) -> None:
-        """Forget earlier events and restart the clock (call it right after a barrier)."""
+        """Forget the events of earlier steps."""
         self.events = []
-        self._t0 = time.perf_counter()
 
     @contextmanager
     def span(self, stage: int, kind: str, microbatch: int):
-        start = time.perf_counter() - self._t0
+        # perf_counter is CLOCK_MONOTONIC on Linux: one clock for every process on the host, so
+        # the ranks' events line up without a per-rank offset (each rank starting its own clock
+        # after a barrier skews them by the barrier's exit jitter, up to a millisecond).
+        start = time.perf_counter()
         try:
             yield
         finally:
-            self.events.append(Event(self.rank, stage, kind, microbatch, start, time.perf_counter() - self._t0))
+            self.events.append(Event(self.rank, stage, kind, microbatch, start, time.perf_counter()))
 
     def attach(self, stage) -> None:
         """Time every action a torch schedule runs on ``stage`` (a ``PipelineStage``)."""
@@ -90,16 +91,21 @@ def from_json(rows: list[dict]) -> list[Event]:
 
 
 def gather(recorder: Recorder) -> list[Event] | None:
-    """Every rank's events on rank 0 (sorted by start), ``None`` elsewhere."""
+    """Every rank's events on rank 0, sorted, with times from the step's first action; ``None``
+    elsewhere. Ranks on one host share the clock; across hosts this assumes synchronised clocks."""
     import torch.distributed as dist
 
     if not dist.is_initialized() or dist.get_world_size() == 1:
-        return sorted(recorder.events, key=lambda e: e.start)
-    out = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-    dist.gather_object(to_json(recorder.events), out, dst=0)
-    if out is None:
-        return None
-    return sorted((e for rows in out for e in from_json(rows)), key=lambda e: e.start)
+        out = [to_json(recorder.events)]
+    else:
+        out = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+        dist.gather_object(to_json(recorder.events), out, dst=0)
+        if out is None:
+            return None
+    events = [e for rows in out for e in from_json(rows)]
+    t0 = min((e.start for e in events), default=0.0)
+    return sorted((Event(e.rank, e.stage, e.kind, e.microbatch, e.start - t0, e.end - t0) for e in events),
+                  key=lambda e: e.start)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -135,11 +141,35 @@ def comm_latency(events: list[Event]) -> float:
     free_at: dict[int, float] = {}
     gaps = []
     for e in sorted(events, key=lambda e: e.start):
-        dep = by_key.get((e.stage - 1, "F", e.microbatch)) if e.kind == "F" else \
-            by_key.get((e.stage + 1, "B", e.microbatch)) if e.kind == "B" else None
+        dep = _dependency_of(e, by_key)
         if dep is not None and dep.rank != e.rank and free_at.get(e.rank, 0.0) <= dep.end:
             gaps.append(e.start - dep.end)
         free_at[e.rank] = e.end
+    gaps.sort()
+    return gaps[len(gaps) // 2] if gaps else 0.0
+
+
+def _dependency_of(e: Event, by_key: dict) -> Event | None:
+    if e.kind == "F":
+        return by_key.get((e.stage - 1, "F", e.microbatch))
+    if e.kind == "B":
+        return by_key.get((e.stage + 1, "B", e.microbatch))
+    return None
+
+
+def action_overhead(events: list[Event], latency: float | None = None) -> float:
+    """Median gap between consecutive actions of a rank when the second did not wait for a peer:
+    the time a rank spends between actions on its own (schedule bookkeeping, the loss, posting
+    sends). Measured, it lets the simulator account for what the action timings leave out."""
+    latency = comm_latency(events) if latency is None else latency
+    by_key = {(e.stage, e.kind, e.microbatch): e for e in events}
+    gaps = []
+    for rank in {e.rank for e in events}:
+        mine = sorted((e for e in events if e.rank == rank), key=lambda e: e.start)
+        for prev, cur in zip(mine, mine[1:]):
+            dep = _dependency_of(cur, by_key)
+            if dep is None or dep.rank == rank or dep.end + latency <= prev.end:
+                gaps.append(cur.start - prev.end)
     gaps.sort()
     return gaps[len(gaps) // 2] if gaps else 0.0
 

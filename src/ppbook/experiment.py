@@ -1,0 +1,196 @@
+"""Plumbing shared by the companion scripts: flags, data, loss, the one-process reference.
+
+Introduced in chapter 1 ("Your first pipeline"); every companion script uses it, so that each
+script holds only the technique it teaches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ppbook import dist as ppdist
+from ppbook import timeline
+from ppbook.models import GPTConfig, build_model
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def add_common_args(p: argparse.ArgumentParser, microbatches: int | list[int] = 4,
+                    microbatches_help: str = "n_microbatches: the batch is cut into this many",
+                    batch_size: int = 8, seq_len: int = 32, layers: int = 4, dim: int = 64) -> None:
+    """The model, data and run flags every script shares (defaults run in seconds on a CPU).
+
+    A list default for ``microbatches`` makes ``--microbatches`` take several values (a sweep).
+    """
+    nargs = "+" if isinstance(microbatches, list) else None
+    p.add_argument("--microbatches", type=int, nargs=nargs, default=microbatches, help=microbatches_help)
+    p.add_argument("--batch-size", type=int, default=batch_size, help="global batch size (divisible by --microbatches)")
+    p.add_argument("--seq-len", type=int, default=seq_len)
+    p.add_argument("--layers", type=int, default=layers, help="transformer layers in the full model")
+    p.add_argument("--dim", type=int, default=dim)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--vocab", type=int, default=256)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument("--check", action="store_true", help="fail unless the pipeline matches the one-process run")
+    p.add_argument("--json", default=None, help="write machine-readable results to this path (rank 0)")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds any rank waits for a peer before failing")
+
+
+def validate_common(args: argparse.Namespace, num_stages: int) -> None:
+    """Refuse bad combinations in one line each, before any process group exists."""
+    for name in ("batch_size", "seq_len", "layers", "dim", "heads", "vocab"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.timeout <= 0:
+        raise ValueError(f"--timeout must be positive, got {args.timeout}")
+    for m in args.microbatches if isinstance(args.microbatches, list) else [args.microbatches]:
+        if m < 1:
+            raise ValueError(f"--microbatches must be at least 1, got {m}")
+        if args.batch_size % m:
+            raise ValueError(
+                f"--batch-size {args.batch_size} is not divisible by --microbatches {m}: every microbatch must "
+                f"have the same size; try --batch-size {-(-args.batch_size // m) * m}")
+    if args.layers < num_stages:
+        raise ValueError(
+            f"{num_stages} processes need at least {num_stages} layers (one stage each), got --layers {args.layers}; "
+            f"raise --layers or lower --nproc-per-node")
+    if args.dim % args.heads:
+        raise ValueError(f"--dim {args.dim} must be divisible by --heads {args.heads}")
+
+
+def run(script: str, args: argparse.Namespace, validate: Callable[[argparse.Namespace, int], None],
+        body: Callable[[argparse.Namespace, ppdist.DistInfo], int]) -> int:
+    """Validate, set up the process group, run ``body``, tear down; bad input is one line and exit 2."""
+    try:
+        validate(args, int(os.environ.get("WORLD_SIZE", "1")))
+    except ValueError as err:
+        print(f"{script}: error: {err}", file=sys.stderr)
+        return 2
+    info = ppdist.setup(args.device, timeout_s=args.timeout)
+    try:
+        return body(args, info)
+    finally:
+        ppdist.teardown()
+
+
+def gpt_config(args: argparse.Namespace) -> GPTConfig:
+    return GPTConfig(vocab_size=args.vocab, dim=args.dim, n_layers=args.layers, n_heads=args.heads,
+                     max_seq_len=args.seq_len)
+
+
+def full_model(args: argparse.Namespace, device: torch.device) -> nn.Module:
+    """The whole model, identical on every rank: built from ``--seed``."""
+    return build_model(gpt_config(args), seed=args.seed, dtype=DTYPES[args.dtype]).to(device)
+
+
+def make_batch(args: argparse.Namespace, step: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """Random token ids and next-token targets, the same on every rank for a given step."""
+    g = torch.Generator().manual_seed(args.seed * 10_000 + step)
+    seq = torch.randint(0, args.vocab, (args.batch_size, args.seq_len + 1), generator=g)
+    return seq[:, :-1].to(device), seq[:, 1:].to(device)  # tokens (B, T), targets (B, T)
+
+
+def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten())  # mean over the microbatch's B*T tokens
+
+
+def mean_loss(mb_losses: list[torch.Tensor]) -> float:
+    # equal-sized microbatches: the mean of their mean losses is the full batch's mean loss
+    return torch.stack([loss.detach() for loss in mb_losses]).mean().item()
+
+
+def reference_backward(model: nn.Module, tokens: torch.Tensor, targets: torch.Tensor, m: int) -> float:
+    """The one-process run every pipeline is compared with: the same m microbatches, in the same
+    order, each contributing loss / m (what ScheduleGPipe's scale_grads does), so float results
+    agree to the last bit. Returns the batch's mean loss."""
+    mb_losses = []
+    for mb_tokens, mb_targets in zip(tokens.chunk(m), targets.chunk(m)):
+        loss = loss_fn(model(mb_tokens), mb_targets)
+        (loss / m).backward()
+        mb_losses.append(loss)
+    return mean_loss(mb_losses)
+
+
+def compare(stage_mod: nn.Module, reference: nn.Module) -> dict:
+    """Largest difference between this stage's gradients and weights and the same-named reference ones."""
+    ref = dict(reference.named_parameters())
+    names = [n for n, _ in stage_mod.named_parameters()]
+    params = list(stage_mod.parameters())
+    return {
+        "params": names,
+        "max_grad_diff": max((p.grad - ref[n].grad).abs().max().item() for n, p in zip(names, params)),
+        "max_weight_diff": max((p.detach() - ref[n].detach()).abs().max().item() for n, p in zip(names, params)),
+    }
+
+
+def tolerance(dtype_name: str) -> float:
+    return 1e-5 if dtype_name == "float32" else 1e-10
+
+
+def write_json(path: str | None, data: dict) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump(data, f, indent=1)
+
+
+def add_timing_args(p: argparse.ArgumentParser, steps: int = 3) -> None:
+    p.add_argument("--steps", type=int, default=steps, help="measured steps per configuration")
+    p.add_argument("--warmup", type=int, default=1, help="unmeasured steps first (allocator, caches)")
+
+
+def timed_steps(step_fn: Callable[[], object], recorder, warmup: int, steps: int, device: torch.device) -> list[dict] | None:
+    """Run ``step_fn`` warmup + steps times, all ranks starting each step together after a barrier.
+
+    Returns, on rank 0, one record per measured step: its time (the slowest rank's, from the
+    barrier to that rank's last action) and every rank's recorded events. ``None`` on other ranks.
+    """
+
+    records = []
+    for i in range(warmup + steps):
+        dist.barrier()
+        recorder.start_step()
+        t0 = time.perf_counter()
+        step_fn()
+        seconds = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=device)
+        dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
+        events = timeline.gather(recorder)
+        if i >= warmup and events is not None:
+            records.append({"seconds": seconds.item(), "events": timeline.to_json(events)})
+    return records if dist.get_rank() == 0 else None
+
+
+def summarise_steps(records: list[dict]) -> dict:
+    """Median step (time and timeline), the mean busy fraction per rank, and measured action costs."""
+
+    ordered = sorted(records, key=lambda r: r["seconds"])
+    median = ordered[len(ordered) // 2]
+    all_events = [timeline.from_json(r["events"]) for r in records]
+    ranks = sorted({e.rank for e in all_events[0]})
+    busy = {r: sum(timeline.busy_fraction(ev, r) for ev in all_events) / len(all_events) for r in ranks}
+    merged = [e for ev in all_events for e in ev]
+    costs = timeline.mean_costs(merged)
+    return {
+        "step_seconds": [r["seconds"] for r in records],
+        "median_step_seconds": median["seconds"],
+        "events": median["events"],
+        "busy": {str(r): b for r, b in busy.items()},
+        "costs": {f"{s}{k}": c for (s, k), c in costs.items()},
+        "latency": _median([timeline.comm_latency(ev) for ev in all_events]),
+        "overhead": _median([timeline.action_overhead(ev) for ev in all_events]),
+    }
+
+
+def _median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2]
