@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: book book-cached test test-fast browser-deps clean
+.PHONY: book book-cached test test-fast bench browser-deps clean
 
 $(STAMP): requirements.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] >= (3, 10) else "ppbook needs Python >= 3.10 (3.11 recommended), found " + sys.version.split()[0])'
@@ -36,6 +36,11 @@ test: $(STAMP) browser-deps
 # Everything but the full book build and the browser test.
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not book"
+
+# Timing benchmarks (numbers for people, not pass/fail): GPipe busy fraction vs simulator,
+# from-scratch GPipe vs ScheduleGPipe step time.
+bench: $(STAMP)
+	$(BIN)/python tools/bench_gpipe.py
 
 clean:
 	rm -rf _build

@@ -59,3 +59,51 @@ def test_first_pipeline_bad_input_one_line_nonzero_exit(args, message):
 def test_first_pipeline_argparse_rejects_unknown_dtype():
     r = launch.python("01_first_pipeline.py", ["--dtype", "float16"], timeout=60, check=False, json_result=False)
     assert r.returncode == 2 and "invalid choice" in r.output
+
+
+# --- chapter 2: naive model parallelism ------------------------------------------------------
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_naive_matches_one_process_and_only_one_rank_computes_at_a_time(nproc):
+    from ppbook import timeline
+
+    r = launch.torchrun("02_naive.py", ["--check", "--steps", "2", "--batch-size", "8", "--seq-len", "32",
+                                        "--dim", "64"], nproc=nproc, timeout=180)
+    assert r.data["match"] and all(s["max_grad_diff"] == 0.0 for s in r.data["stages"])
+    events = timeline.from_json(r.data["events"])
+    # the recorded order is the naive order: F down the stages, then B back up, never overlapping
+    assert [e.label for e in events] == [f"{s}F0" for s in range(nproc)] + [f"{s}B0" for s in reversed(range(nproc))]
+    assert all(a.end <= b.start for a, b in zip(events, events[1:]))
+    assert sum(r.data["busy"].values()) <= 1.0 + 1e-9  # the ranks' busy shares never add up to more than one
+
+
+def test_naive_refuses_microbatches():
+    r = launch.torchrun("02_naive.py", ["--microbatches", "4"], nproc=2, timeout=60, check=False, json_result=False)
+    assert r.returncode != 0 and "--microbatches must be 1" in r.output
+
+
+# --- chapter 3: GPipe from scratch and with ScheduleGPipe --------------------------------------
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_gpipe_scratch_and_torch_match_one_process_and_run_gpipe_order(nproc):
+    from ppbook import simulate, timeline
+
+    ms = [1, 4] if nproc == 4 else [1, 2, 4]
+    r = launch.torchrun("03_gpipe.py", ["--check", "--steps", "1", "--warmup", "0", "--batch-size", "8",
+                                        "--seq-len", "32", "--dim", "64", "--layers", "4",
+                                        "--microbatches", *map(str, ms)], nproc=nproc, timeout=240)
+    assert len(r.data["runs"]) == 2 * len(ms)
+    for run in r.data["runs"]:
+        assert run["match"], run["impl"]
+        assert all(s["max_grad_diff"] == 0.0 for s in run["stages"]), run["impl"]
+        events = timeline.from_json(run["events"])
+        expected = simulate.gpipe_order(nproc, run["microbatches"])
+        for rank in range(nproc):
+            mine = sorted((e for e in events if e.rank == rank), key=lambda e: e.start)
+            assert [str(simulate.Action(e.stage, e.kind, e.microbatch)) for e in mine] == \
+                [str(a) for a in expected[rank]], (run["impl"], rank)
+
+
+def test_gpipe_bad_microbatch_list_is_one_line():
+    r = launch.torchrun("03_gpipe.py", ["--microbatches", "1", "3"], nproc=2, timeout=60, check=False,
+                        json_result=False)
+    assert r.returncode != 0
+    assert "--batch-size 32 is not divisible by --microbatches 3" in r.output

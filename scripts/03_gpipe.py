@@ -1,0 +1,161 @@
+"""GPipe two ways, from scratch (blocking receives, all forwards then all backwards) and with
+``torch.distributed.pipelining.ScheduleGPipe``, swept over the number of microbatches, with a
+recorded timeline of every step and a check of the gradients against one process.
+
+CPU, two stages, m = 1, 2, 4, 8 in one launch (gloo):
+    torchrun --standalone --nproc-per-node 2 scripts/03_gpipe.py --microbatches 1 2 4 8 --check
+CPU, four stages:
+    torchrun --standalone --nproc-per-node 4 scripts/03_gpipe.py --microbatches 1 4 8 --check
+GPUs (NCCL), a larger model:
+    torchrun --standalone --nproc-per-node 4 scripts/03_gpipe.py --dim 1024 --layers 8 --batch-size 64 --device cuda
+
+With m = 1 both implementations are the naive model parallelism of chapter 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+from ppbook import experiment as ex
+from ppbook.stages import stage_module
+from ppbook.timeline import Recorder
+
+IMPLS = ("scratch", "torch")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    # 8 layers: enough work per microbatch at m = 8 that gloo's hand-offs on a 2-core host do
+    # not dominate what is being measured (see chapter 3)
+    ex.add_common_args(p, microbatches=[1, 2, 4, 8], microbatches_help="one or more values of m to sweep",
+                       batch_size=32, seq_len=64, layers=8, dim=128)
+    ex.add_timing_args(p)
+    p.add_argument("--impl", nargs="+", choices=IMPLS, default=list(IMPLS),
+                   help="from-scratch GPipe, torch's ScheduleGPipe, or both")
+    return p.parse_args(argv)
+
+
+def validate(args: argparse.Namespace, world_size: int) -> None:
+    ex.validate_common(args, world_size)
+    if args.steps < 1 or args.warmup < 0:
+        raise ValueError(f"--steps must be at least 1 and --warmup at least 0, got {args.steps} and {args.warmup}")
+
+
+# [start-scratch]
+def gpipe_step(stage_mod, tokens, targets, m, info, rec: Recorder):
+    """One GPipe step by hand: m forwards, then m backwards; returns the last rank's m losses."""
+    rank, sends, inputs, outputs, losses = info.rank, [], [], [], []
+    mb_tokens, mb_targets = tokens.chunk(m), targets.chunk(m)   # m x (B/m, T)
+    act_shape = (mb_tokens[0].shape[0], tokens.shape[1], stage_mod.cfg.dim)  # (B/m, T, C)
+    dtype = next(stage_mod.parameters()).dtype
+    # === all forwards ===
+    for i in range(m):
+        if info.is_first:
+            x = mb_tokens[i]
+        else:
+            x = torch.empty(act_shape, dtype=dtype, device=info.device)
+            dist.recv(x, src=rank - 1)                      # comm: receive activation i (blocks)
+            x.requires_grad_()
+        with rec.span(rank, "F", i):
+            y = stage_mod(x)                                # compute: forward of microbatch i
+        if info.is_last:
+            losses.append(ex.loss_fn(y, mb_targets[i]))
+        else:   # send without waiting: the next rank may still be busy with microbatch i-1
+            sends.append(dist.isend(y.detach(), dst=rank + 1))  # comm: send activation i
+        inputs.append(x)
+        outputs.append(y)
+    # === all backwards ===
+    for i in range(m):
+        if info.is_last:
+            with rec.span(rank, "B", i):
+                (losses[i] / m).backward()                  # compute: backward; / m is scale_grads
+        else:
+            grad = torch.empty_like(outputs[i])
+            dist.recv(grad, src=rank + 1)                   # comm: receive d(loss)/dy of i (blocks)
+            with rec.span(rank, "B", i):
+                outputs[i].backward(grad)                   # compute: backward of microbatch i
+        if not info.is_first:
+            sends.append(dist.isend(inputs[i].grad, dst=rank - 1))  # comm: send d(loss)/dx of i
+    for work in sends:
+        work.wait()                                         # comm: every send delivered
+    return losses
+# [end-scratch]
+
+
+def torch_step(schedule, tokens, targets, info):
+    losses: list[torch.Tensor] = []
+    if info.is_first and info.is_last:
+        schedule.step(tokens, target=targets, losses=losses)
+    elif info.is_first:
+        schedule.step(tokens)
+    elif info.is_last:
+        schedule.step(target=targets, losses=losses)
+    else:
+        schedule.step()
+    return losses
+
+
+def run_config(impl, m, full, reference, tokens, targets, args, info) -> dict | None:
+    stage_mod = stage_module(copy.deepcopy(full), info.rank, info.world_size)
+    rec = Recorder(info.rank)
+    if impl == "torch":
+        # [start-torch]
+        stage = PipelineStage(stage_mod, stage_index=info.rank, num_stages=info.world_size, device=info.device)
+        rec.attach(stage)  # time every action the schedule runs on this stage
+        schedule = ScheduleGPipe(stage, n_microbatches=m, loss_fn=ex.loss_fn)
+        # [end-torch]
+    losses = []
+
+    def step():
+        stage_mod.zero_grad(set_to_none=True)
+        out = gpipe_step(stage_mod, tokens, targets, m, info, rec) if impl == "scratch" else \
+            torch_step(schedule, tokens, targets, info)
+        losses.append(out)
+
+    records = ex.timed_steps(step, rec, args.warmup, args.steps, info.device)
+    loss = ex.mean_loss(losses[-1]) if info.is_last else None
+    check = [None] * info.world_size
+    dist.all_gather_object(check, {"rank": info.rank, "loss": loss, **ex.compare(stage_mod, reference[m][0])})
+    if info.rank != 0:
+        return None
+    tol = ex.tolerance(args.dtype)
+    ok = abs(check[-1]["loss"] - reference[m][1]) <= tol and all(c["max_grad_diff"] <= tol for c in check)
+    return {"impl": impl, "microbatches": m, "match": ok, "stages": check, "reference_loss": reference[m][1],
+            **ex.summarise_steps(records)}
+
+
+def body(args: argparse.Namespace, info) -> int:
+    full = ex.full_model(args, info.device)  # identical on every rank
+    tokens, targets = ex.make_batch(args, 0, info.device)
+    reference = {}
+    for m in args.microbatches:  # one-process reference gradients, one per m (same microbatches)
+        model = copy.deepcopy(full)
+        reference[m] = (model, ex.reference_backward(model, tokens, targets, m))
+    runs = [run_config(impl, m, full, reference, tokens, targets, args, info)
+            for m in args.microbatches for impl in args.impl]
+    if info.rank != 0:
+        return 0
+    for r in runs:
+        busy = ", ".join(f"rank {k} {100 * v:.0f}%" for k, v in r["busy"].items())
+        print(f"{r['impl']:>7} m={r['microbatches']:<2} step {r['median_step_seconds'] * 1e3:7.1f} ms   busy: {busy}   "
+              f"{'MATCH' if r['match'] else 'MISMATCH'}")
+    ok = all(r["match"] for r in runs)
+    print("MATCH: every run's gradients equal the one-process run" if ok else "MISMATCH in at least one run")
+    ex.write_json(args.json, {"world_size": info.world_size, "batch_size": args.batch_size, "dtype": args.dtype,
+                              "layers": args.layers, "dim": args.dim, "seq_len": args.seq_len, "runs": runs,
+                              "match": ok, "torch_version": torch.__version__})
+    return 1 if (args.check and not ok) else 0
+
+
+def main(argv=None) -> int:
+    return ex.run("03_gpipe.py", parse_args(argv), validate, body)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

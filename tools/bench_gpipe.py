@@ -1,0 +1,47 @@
+"""Benchmark: GPipe's measured busy fraction vs the simulator, and from-scratch vs ScheduleGPipe.
+
+    make bench                      # or: .venv/bin/python tools/bench_gpipe.py --steps 5
+
+Launches scripts/03_gpipe.py on two processes for m = 1, 2, 4, 8, writes the raw results to
+_build/bench/gpipe_p2.json and prints, per m, the mean busy fraction per rank (measured and
+simulated from the measured action times) and the median step time of both implementations.
+Timing claims live here, not in timed tests: a shared machine's timings are not pass/fail.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from ppbook import launch, simulate, timeline
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--nproc", type=int, default=2)
+    p.add_argument("--out", default="_build/bench/gpipe_p2.json")
+    args = p.parse_args(argv)
+    run = launch.torchrun("03_gpipe.py", ["--check", "--steps", str(args.steps), "--microbatches", "1", "2", "4", "8"],
+                          nproc=args.nproc, timeout=600)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(run.data, indent=1))
+    runs = {(r["impl"], r["microbatches"]): r for r in run.data["runs"]}
+    print(f"{'m':>3} {'measured busy':>14} {'simulated':>10} {'gap (pp)':>9} {'scratch ms':>11} {'torch ms':>9} {'ratio':>6}")
+    for m in sorted({m for _, m in runs}):
+        r = runs[("torch", m)]
+        costs = {(int(k[:-1]), k[-1]): v for k, v in r["costs"].items()}
+        sim = timeline.busy_fractions(simulate.simulate(simulate.gpipe_order(args.nproc, m), costs,
+                                                        latency=r["latency"], overhead=r["overhead"]))
+        measured = sum(r["busy"].values()) / len(r["busy"])
+        predicted = sum(sim.values()) / len(sim)
+        scratch, torch_s = runs[("scratch", m)]["median_step_seconds"], r["median_step_seconds"]
+        print(f"{m:>3} {100 * measured:>13.1f}% {100 * predicted:>9.1f}% {100 * abs(measured - predicted):>9.1f} "
+              f"{scratch * 1e3:>11.1f} {torch_s * 1e3:>9.1f} {scratch / torch_s:>6.2f}")
+    print(f"raw results: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
