@@ -80,3 +80,37 @@ def test_recorded_events_round_trip_and_comm_latency():
     assert math.isclose(timeline.comm_latency(events), 0.25)
     costs = timeline.mean_costs(events)
     assert costs[(0, "F")] == 1.0 and costs[(1, "B")] == 2.0
+
+
+def test_overheads_per_kind_are_measured_and_replayed():
+    """Gaps a rank spends on its own before each kind of action are recovered from a timeline
+    and, fed back, reproduce it exactly."""
+    order = simulate.gpipe_order(2, 4)
+    gaps = {(0, "F"): 0.1, (0, "B"): 0.7, (1, "F"): 0.2, (1, "B"): 0.3}
+    events = simulate.simulate(order, {"F": 1.0, "B": 2.0}, latency=0.25, overhead=gaps)
+    measured = timeline.action_overheads([events], timeline.comm_latency(events))
+    for key, value in measured.items():
+        assert math.isclose(value, gaps[key]), key
+    again = simulate.simulate(order, timeline.mean_costs(events), latency=0.25, overhead=measured)
+    assert [(e.label, round(e.start, 9)) for e in again] == [(e.label, round(e.start, 9)) for e in events]
+
+
+def test_latency_can_be_drawn_per_handoff():
+    order = simulate.gpipe_order(2, 2)
+    slow_second = lambda sent, received: 5.0 if sent.microbatch == 1 and sent.kind == "F" else 0.0  # noqa: E731
+    events = simulate.simulate(order, {"F": 1.0, "B": 1.0}, latency=slow_second)
+    by = {e.label: e for e in events}
+    assert by["1F1"].start == by["0F1"].end + 5.0
+    assert timeline.handoff_delays(events) == [0.0, 5.0, 0.0, 0.0]
+
+
+def test_predicted_vs_measured_on_a_simulated_run():
+    """A 'measured' run that is itself a simulation is predicted exactly."""
+    from ppbook import experiment
+
+    order = simulate.gpipe_order(2, 4)
+    events = simulate.simulate(order, {"F": 1.0, "B": 2.0}, latency=0.25)
+    step = experiment.step_summary(events, seconds=timeline.span(events)[1])
+    measured, predicted = experiment.predicted_vs_measured({"steps": [step, step]}, order, draws=5)
+    assert math.isclose(measured, predicted)
+    assert math.isclose(measured, sum(timeline.busy_fractions(events).values()) / 2)

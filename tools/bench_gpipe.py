@@ -14,7 +14,8 @@ import argparse
 import json
 from pathlib import Path
 
-from ppbook import launch, simulate, timeline
+from ppbook import launch, simulate
+from ppbook.experiment import predicted_vs_measured
 
 
 def main(argv=None) -> int:
@@ -31,11 +32,7 @@ def main(argv=None) -> int:
     print(f"{'m':>3} {'measured busy':>14} {'simulated':>10} {'gap (pp)':>9} {'scratch ms':>11} {'torch ms':>9} {'ratio':>6}")
     for m in sorted({m for _, m in runs}):
         r = runs[("torch", m)]
-        costs = {(int(k[:-1]), k[-1]): v for k, v in r["costs"].items()}
-        sim = timeline.busy_fractions(simulate.simulate(simulate.gpipe_order(args.nproc, m), costs,
-                                                        latency=r["latency"], overhead=r["overhead"]))
-        measured = sum(r["busy"].values()) / len(r["busy"])
-        predicted = sum(sim.values()) / len(sim)
+        measured, predicted = predicted_vs_measured(r, simulate.gpipe_order(args.nproc, m))
         scratch, torch_s = runs[("scratch", m)]["median_step_seconds"], r["median_step_seconds"]
         print(f"{m:>3} {100 * measured:>13.1f}% {100 * predicted:>9.1f}% {100 * abs(measured - predicted):>9.1f} "
               f"{scratch * 1e3:>11.1f} {torch_s * 1e3:>9.1f} {scratch / torch_s:>6.2f}")

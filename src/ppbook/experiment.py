@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import sys
 import time
 from typing import Callable
@@ -19,7 +20,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ppbook import dist as ppdist
-from ppbook import timeline
+from ppbook import simulate, timeline
 from ppbook.models import GPTConfig, build_model
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -181,16 +182,60 @@ def summarise_steps(records: list[dict]) -> dict:
     busy = {r: sum(timeline.busy_fraction(ev, r) for ev in all_events) / len(all_events) for r in ranks}
     merged = [e for ev in all_events for e in ev]
     costs = timeline.mean_costs(merged)
+    latency = _median([timeline.comm_latency(ev) for ev in all_events])
     return {
         "step_seconds": [r["seconds"] for r in records],
         "median_step_seconds": median["seconds"],
         "events": median["events"],
         "busy": {str(r): b for r, b in busy.items()},
         "costs": {f"{s}{k}": c for (s, k), c in costs.items()},
-        "latency": _median([timeline.comm_latency(ev) for ev in all_events]),
-        "overhead": _median([timeline.action_overhead(ev) for ev in all_events]),
+        "latency": latency,
+        "overheads": {f"{s}{k}": g for (s, k), g in timeline.action_overheads(all_events, latency).items()},
+        "steps": [step_summary(ev, r["seconds"]) for ev, r in zip(all_events, records)],
     }
+
+
+def step_summary(events: list, seconds: float) -> dict:
+    """One measured step: its busy fractions and the simulator inputs measured on it alone."""
+    latency = timeline.comm_latency(events)
+    return {
+        "seconds": seconds,
+        "busy": {str(r): b for r, b in timeline.busy_fractions(events).items()},
+        "costs": {f"{s}{k}": c for (s, k), c in timeline.mean_costs(events).items()},
+        "handoffs": timeline.handoff_delays(events),
+        "latency": latency,
+        "overheads": {f"{s}{k}": g for (s, k), g in timeline.action_overheads([events], latency).items()},
+    }
+
+
+def simulator_inputs(run: dict) -> dict:
+    """The measured costs, latency and overheads of a run, as keyword arguments of
+    :func:`ppbook.simulate.simulate`."""
+    key = lambda k: (int(k[:-1]), k[-1])  # noqa: E731  "1B" -> (1, "B")
+    return {"costs": {key(k): v for k, v in run["costs"].items()}, "latency": run["latency"],
+            "overhead": {key(k): v for k, v in run["overheads"].items()}}
 
 
 def _median(values: list[float]) -> float:
     return sorted(values)[len(values) // 2]
+
+
+def predicted_vs_measured(run: dict, order: simulate.Order, draws: int = 50, seed: int = 0) -> tuple[float, float]:
+    """Mean busy fraction over ranks and measured steps: (measured, simulated).
+
+    Each measured step is simulated from what was measured on it: mean action times per
+    (stage, kind), gaps between a rank's own actions, and hand-off delays drawn from that step's
+    measured hand-offs (``draws`` Monte-Carlo runs). On a shared CPU host hand-offs have a long
+    tail, and one median latency would hide it.
+    """
+    rng = random.Random(seed)
+    measured, predicted = [], []
+    for step in run["steps"]:
+        inputs = simulator_inputs(step)
+        handoffs = step["handoffs"] or [inputs["latency"]]
+        for _ in range(draws):
+            events = simulate.simulate(order, inputs["costs"], overhead=inputs["overhead"],
+                                       latency=lambda sent, received: rng.choice(handoffs))
+            predicted.append(sum(timeline.busy_fractions(events).values()) / len(step["busy"]))
+        measured.append(sum(step["busy"].values()) / len(step["busy"]))
+    return sum(measured) / len(measured), sum(predicted) / len(predicted)

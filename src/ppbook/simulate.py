@@ -80,15 +80,29 @@ def _dependency(a: Action, num_stages: int) -> Action | None:
     raise ValueError(f"unknown action kind {a.kind!r}")
 
 
-def simulate(order: Order, costs: Costs, latency: float = 0.0, overhead: float = 0.0) -> list[Event]:
+def simulate(order: Order, costs: Costs, latency: float | Callable[[Action, Action], float] = 0.0,
+             overhead: float | Costs = 0.0) -> list[Event]:
     """Run ``order`` with the given per-action ``costs`` and point-to-point ``latency``; each
-    action after a rank's first also waits ``overhead`` after the rank's previous action.
+    action after a rank's first also waits ``overhead`` after the rank's previous action
+    (a number, or per kind / per (stage, kind) like ``costs``; missing entries count as zero).
+    ``latency`` may be a function of (sending action, receiving action), e.g. to draw each
+    hand-off from a measured distribution.
 
     ``costs`` maps a kind (``{"F": 1, "B": 2}``) or a (stage, kind) pair to seconds, or is a
     function of the :class:`Action`. Raises ``ValueError`` if the order deadlocks (an action
     waits for one that its rank can never reach).
     """
     cost = _cost_fn(costs)
+    if isinstance(overhead, (int, float)):
+        gap = lambda a: float(overhead)  # noqa: E731
+    else:
+        given = _cost_fn(overhead)
+
+        def gap(a: Action) -> float:
+            try:
+                return given(a)
+            except KeyError:
+                return 0.0
     num_stages = 1 + max(a.stage for acts in order.values() for a in acts)
     rank_of = {a.stage: r for r, acts in order.items() for a in acts}
     done: dict[Action, Event] = {}
@@ -103,8 +117,10 @@ def simulate(order: Order, costs: Costs, latency: float = 0.0, overhead: float =
                 dep = _dependency(a, num_stages)
                 if dep is not None and dep not in done:
                     break
-                ready = 0.0 if dep is None else done[dep].end + (latency if rank_of[dep.stage] != r else 0.0)
-                start = max(free_at[r] + (overhead if position[r] else 0.0), ready)
+                hop = 0.0 if dep is None or rank_of[dep.stage] == r else \
+                    (latency(dep, a) if callable(latency) else latency)
+                ready = 0.0 if dep is None else done[dep].end + hop
+                start = max(free_at[r] + (gap(a) if position[r] else 0.0), ready)
                 done[a] = Event(r, a.stage, a.kind, a.microbatch, start, start + cost(a))
                 free_at[r] = done[a].end
                 position[r] += 1

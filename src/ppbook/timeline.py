@@ -134,19 +134,24 @@ def mean_costs(events: list[Event]) -> dict[tuple[int, str], float]:
     return {k: sum(v) / len(v) for k, v in sums.items()}
 
 
-def comm_latency(events: list[Event]) -> float:
-    """Median delay between an action finishing and the dependent action starting on a rank that
-    was already idle: the cost of one point-to-point hand-off, measured."""
+def handoff_delays(events: list[Event]) -> list[float]:
+    """For every action whose input came from another rank that was already waiting for it:
+    the delay from the sender finishing to the receiver starting (one hand-off, measured)."""
     by_key = {(e.stage, e.kind, e.microbatch): e for e in events}
     free_at: dict[int, float] = {}
-    gaps = []
+    delays = []
     for e in sorted(events, key=lambda e: e.start):
         dep = _dependency_of(e, by_key)
         if dep is not None and dep.rank != e.rank and free_at.get(e.rank, 0.0) <= dep.end:
-            gaps.append(e.start - dep.end)
+            delays.append(e.start - dep.end)
         free_at[e.rank] = e.end
-    gaps.sort()
-    return gaps[len(gaps) // 2] if gaps else 0.0
+    return delays
+
+
+def comm_latency(events: list[Event]) -> float:
+    """Median hand-off delay (:func:`handoff_delays`): the typical cost of one point-to-point hand-off."""
+    delays = sorted(handoff_delays(events))
+    return delays[len(delays) // 2] if delays else 0.0
 
 
 def _dependency_of(e: Event, by_key: dict) -> Event | None:
@@ -157,21 +162,31 @@ def _dependency_of(e: Event, by_key: dict) -> Event | None:
     return None
 
 
-def action_overhead(events: list[Event], latency: float | None = None) -> float:
-    """Median gap between consecutive actions of a rank when the second did not wait for a peer:
-    the time a rank spends between actions on its own (schedule bookkeeping, the loss, posting
-    sends). Measured, it lets the simulator account for what the action timings leave out."""
-    latency = comm_latency(events) if latency is None else latency
+def own_gaps(events: list[Event], latency: float) -> dict[tuple[int, str], list[float]]:
+    """The gap before each action that did not wait for a peer (its input had arrived, given the
+    hand-off ``latency``), grouped by (stage, kind): time a rank spends between actions on its own."""
     by_key = {(e.stage, e.kind, e.microbatch): e for e in events}
-    gaps = []
+    gaps: dict[tuple[int, str], list[float]] = {}
     for rank in {e.rank for e in events}:
         mine = sorted((e for e in events if e.rank == rank), key=lambda e: e.start)
         for prev, cur in zip(mine, mine[1:]):
             dep = _dependency_of(cur, by_key)
             if dep is None or dep.rank == rank or dep.end + latency <= prev.end:
-                gaps.append(cur.start - prev.end)
-    gaps.sort()
-    return gaps[len(gaps) // 2] if gaps else 0.0
+                gaps.setdefault((cur.stage, cur.kind), []).append(cur.start - prev.end)
+    return gaps
+
+
+def action_overheads(steps: list[list[Event]], latency: float) -> dict[tuple[int, str], float]:
+    """Median :func:`own_gaps` per (stage, kind), pooled over the timelines of several steps.
+
+    They differ by kind: schedule bookkeeping and the loss are small, but on a busy 2-core host
+    a backward whose gradient was sent while its rank was still busy can wait milliseconds for
+    the sender's communication thread, which competes with the sender's compute for a core."""
+    pooled: dict[tuple[int, str], list[float]] = {}
+    for events in steps:
+        for key, values in own_gaps(events, latency).items():
+            pooled.setdefault(key, []).extend(values)
+    return {key: sorted(v)[len(v) // 2] for key, v in pooled.items()}
 
 
 def plot(events: list[Event], ax=None, title: str | None = None, labels: bool = True, time_unit: str = "ms"):
