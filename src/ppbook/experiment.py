@@ -203,6 +203,7 @@ def step_summary(events: list, seconds: float) -> dict:
         "busy": {str(r): b for r, b in timeline.busy_fractions(events).items()},
         "costs": {f"{s}{k}": c for (s, k), c in timeline.mean_costs(events).items()},
         "handoffs": timeline.handoff_delays(events),
+        "gaps": {f"{s}{k}": g for (s, k), g in timeline.own_gaps(events, latency).items()},
         "latency": latency,
         "overheads": {f"{s}{k}": g for (s, k), g in timeline.action_overheads([events], latency).items()},
     }
@@ -223,18 +224,25 @@ def _median(values: list[float]) -> float:
 def predicted_vs_measured(run: dict, order: simulate.Order, draws: int = 50, seed: int = 0) -> tuple[float, float]:
     """Mean busy fraction over ranks and measured steps: (measured, simulated).
 
-    Each measured step is simulated from what was measured on it: mean action times per
-    (stage, kind), gaps between a rank's own actions, and hand-off delays drawn from that step's
-    measured hand-offs (``draws`` Monte-Carlo runs). On a shared CPU host hand-offs have a long
-    tail, and one median latency would hide it.
+    Each measured step is simulated from what was measured on it, as distributions: the mean
+    time of each (stage, kind) of action, and, drawn at random for every action, a gap the rank
+    spent on its own before an action of that kind and a hand-off delay. The simulator knows the
+    schedule's dependencies and these three measurements, not when anything happened. On a
+    shared CPU host gaps and hand-offs have long tails, and typical (median) values would hide
+    them; ``draws`` Monte-Carlo runs average over the tails.
     """
     rng = random.Random(seed)
     measured, predicted = [], []
     for step in run["steps"]:
         inputs = simulator_inputs(step)
         handoffs = step["handoffs"] or [inputs["latency"]]
+        gaps = {(int(k[:-1]), k[-1]): v for k, v in step["gaps"].items()}
+
+        def gap(action):
+            return rng.choice(gaps[(action.stage, action.kind)]) if (action.stage, action.kind) in gaps else 0.0
+
         for _ in range(draws):
-            events = simulate.simulate(order, inputs["costs"], overhead=inputs["overhead"],
+            events = simulate.simulate(order, inputs["costs"], overhead=gap,
                                        latency=lambda sent, received: rng.choice(handoffs))
             predicted.append(sum(timeline.busy_fractions(events).values()) / len(step["busy"]))
         measured.append(sum(step["busy"].values()) / len(step["busy"]))
