@@ -45,8 +45,8 @@ def test_min_microbatches_and_errors():
 def test_gpipe_order_matches_torchs_description():
     """Same action order as torch 2.13's description of ScheduleGPipe. (Its description of
     Schedule1F1B is wrong for ranks > 0 -- rank 1 starts with 1F1 and lists a microbatch 4 at
-    m=4 -- so one_f_one_b_order follows Schedule1F1B._step_microbatches instead; checking it
-    against a recorded 1F1B run belongs with the schedules chapter's script.)"""
+    m=4 -- so one_f_one_b_order follows Schedule1F1B's step code, and test_scripts.py checks it
+    against a recorded Schedule1F1B run.)"""
     from torch.distributed.pipelining.schedules import ScheduleGPipe
 
     for p, m in ((2, 4), (4, 4), (4, 8), (3, 5)):

@@ -107,3 +107,31 @@ def test_gpipe_bad_microbatch_list_is_one_line():
                         json_result=False)
     assert r.returncode != 0
     assert "--batch-size 32 is not divisible by --microbatches 3" in r.output
+
+
+# --- the recorder with every schedule class ---------------------------------------------------
+def test_recorder_times_every_action_of_every_schedule_class(tmp_path):
+    """All seven schedules of torch.distributed.pipelining, each stage placed as the schedule
+    needs, with the recorder attached to their stages (torch itself not patched): every
+    forward and every backward (full, or input- plus weight-gradient) of every microbatch on
+    every stage is recorded, gradients equal one process, and Schedule1F1B runs exactly the
+    simulator's 1F1B order on every rank."""
+    from ppbook import simulate, timeline
+    from conftest import ROOT
+
+    m = 4
+    r = launch.torchrun(ROOT / "tests" / "helpers" / "record_all_schedules.py", ["--microbatches", m],
+                        nproc=2, timeout=240)
+    assert len(r.data) == 7
+    for name, run in r.data.items():
+        assert run["max_grad_diff"] < 1e-12, name
+        events = timeline.from_json(run["events"])
+        for stage in range(run["num_stages"]):
+            for mb in range(m):
+                kinds = sorted(e.kind for e in events if (e.stage, e.microbatch) == (stage, mb))
+                assert kinds in (["B", "F"], ["F", "I", "W"]), (name, stage, mb, kinds)
+    for name, order in (("ScheduleGPipe", simulate.gpipe_order(2, m)), ("Schedule1F1B", simulate.one_f_one_b_order(2, m))):
+        events = timeline.from_json(r.data[name]["events"])
+        for rank in range(2):
+            mine = sorted((e for e in events if e.rank == rank), key=lambda e: e.start)
+            assert [e.label for e in mine] == [str(a) for a in order[rank]], (name, rank)
