@@ -37,12 +37,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def validate(args: argparse.Namespace, world_size: int) -> None:
-    ex.validate_common(args, world_size)
-    if args.steps < 1:
-        raise ValueError(f"--steps must be at least 1, got {args.steps}")
-
-
 def train_reference(model, args, device) -> list[float]:
     """The one-process run: same model, same microbatches, same AdamW steps."""
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
@@ -66,15 +60,7 @@ def train_pipeline(stage_mod, args, info) -> tuple[list[float], list[float]]:
         tokens, targets = ex.make_batch(args, step, info.device)
         opt.zero_grad()
         t0 = time.perf_counter()
-        mb_losses: list[torch.Tensor] = []
-        if info.is_first and info.is_last:  # one process: a one-stage pipeline
-            schedule.step(tokens, target=targets, losses=mb_losses)
-        elif info.is_first:  # only stage 0 feeds the input
-            schedule.step(tokens)
-        elif info.is_last:  # only the last stage sees targets and the per-microbatch losses
-            schedule.step(target=targets, losses=mb_losses)
-        else:
-            schedule.step()
+        mb_losses = ex.schedule_step(schedule, info, tokens, targets)  # input on stage 0, targets on the last
         opt.step()
         seconds.append(time.perf_counter() - t0)
         losses.append(ex.mean_loss(mb_losses) if mb_losses else float("nan"))
@@ -116,7 +102,7 @@ def body(args: argparse.Namespace, info) -> int:
 
 
 def main(argv=None) -> int:
-    return ex.run("01_first_pipeline.py", parse_args(argv), validate, body)
+    return ex.run("01_first_pipeline.py", parse_args(argv), ex.validate_common, body)
 
 
 if __name__ == "__main__":

@@ -41,12 +41,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def validate(args: argparse.Namespace, world_size: int) -> None:
-    ex.validate_common(args, world_size)
-    if args.steps < 1 or args.warmup < 0:
-        raise ValueError(f"--steps must be at least 1 and --warmup at least 0, got {args.steps} and {args.warmup}")
-
-
 # [start-scratch]
 def gpipe_step(stage_mod, tokens, targets, m, info, rec: Recorder):
     """One GPipe step by hand: m forwards, then m backwards; returns the last rank's m losses."""
@@ -88,19 +82,6 @@ def gpipe_step(stage_mod, tokens, targets, m, info, rec: Recorder):
 # [end-scratch]
 
 
-def torch_step(schedule, tokens, targets, info):
-    losses: list[torch.Tensor] = []
-    if info.is_first and info.is_last:
-        schedule.step(tokens, target=targets, losses=losses)
-    elif info.is_first:
-        schedule.step(tokens)
-    elif info.is_last:
-        schedule.step(target=targets, losses=losses)
-    else:
-        schedule.step()
-    return losses
-
-
 def run_config(impl, m, full, reference, tokens, targets, args, info) -> dict | None:
     stage_mod = stage_module(copy.deepcopy(full), info.rank, info.world_size)
     rec = Recorder(info.rank)
@@ -115,7 +96,7 @@ def run_config(impl, m, full, reference, tokens, targets, args, info) -> dict | 
     def step():
         stage_mod.zero_grad(set_to_none=True)
         out = gpipe_step(stage_mod, tokens, targets, m, info, rec) if impl == "scratch" else \
-            torch_step(schedule, tokens, targets, info)
+            ex.schedule_step(schedule, info, tokens, targets)
         losses.append(out)
 
     records = ex.timed_steps(step, rec, args.warmup, args.steps, info.device)
@@ -154,7 +135,7 @@ def body(args: argparse.Namespace, info) -> int:
 
 
 def main(argv=None) -> int:
-    return ex.run("03_gpipe.py", parse_args(argv), validate, body)
+    return ex.run("03_gpipe.py", parse_args(argv), ex.validate_common, body)
 
 
 if __name__ == "__main__":

@@ -48,6 +48,8 @@ def test_first_pipeline_loss_falls():
     (["--layers", "1"], "need at least 2 layers"),
     (["--microbatches", "0"], "--microbatches must be at least 1"),
     (["--dim", "30", "--heads", "4"], "--dim 30 must be divisible by --heads 4"),
+    (["--json", "/no/such/folder/out.json"], "its folder does not exist"),
+    (["--steps", "0"], "--steps must be at least 1"),
 ])
 def test_first_pipeline_bad_input_one_line_nonzero_exit(args, message):
     r = launch.torchrun("01_first_pipeline.py", args, nproc=2, timeout=60, check=False, json_result=False)

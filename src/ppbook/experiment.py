@@ -69,6 +69,11 @@ def validate_common(args: argparse.Namespace, num_stages: int) -> None:
             f"raise --layers or lower --nproc-per-node")
     if args.dim % args.heads:
         raise ValueError(f"--dim {args.dim} must be divisible by --heads {args.heads}")
+    if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
+        raise ValueError(f"--json {args.json}: its folder does not exist; create it or pick another path")
+    if getattr(args, "steps", 1) < 1 or getattr(args, "warmup", 0) < 0:
+        raise ValueError(f"--steps must be at least 1 and --warmup at least 0, got {args.steps} and "
+                         f"{getattr(args, 'warmup', 0)}")
 
 
 def run(script: str, args: argparse.Namespace, validate: Callable[[argparse.Namespace, int], None],
@@ -84,6 +89,24 @@ def run(script: str, args: argparse.Namespace, validate: Callable[[argparse.Name
         return body(args, info)
     finally:
         ppdist.teardown()
+
+
+def schedule_step(schedule, info: ppdist.DistInfo, tokens, targets) -> list[torch.Tensor]:
+    """One ``schedule.step`` from any rank; returns the per-microbatch losses (last stage only).
+
+    Only the first stage is given the input and only the last stage the targets (in one process,
+    a one-stage pipeline, both); the ranks in between take part with neither.
+    """
+    losses: list[torch.Tensor] = []
+    if info.is_first and info.is_last:
+        schedule.step(tokens, target=targets, losses=losses)
+    elif info.is_first:
+        schedule.step(tokens)
+    elif info.is_last:
+        schedule.step(target=targets, losses=losses)
+    else:
+        schedule.step()
+    return losses
 
 
 def gpt_config(args: argparse.Namespace) -> GPTConfig:
