@@ -50,7 +50,7 @@ def test_first_pipeline_loss_falls():
     (["--dim", "30", "--heads", "4"], "--dim 30 must be divisible by --heads 4"),
     (["--json", "/no/such/folder/out.json"], "its folder does not exist"),
     (["--steps", "0"], "--steps must be at least 1"),
-])
+] + ([(["--device", "cuda"], "use --device cpu")] if not __import__("torch").cuda.is_available() else []))
 def test_first_pipeline_bad_input_one_line_nonzero_exit(args, message):
     r = launch.torchrun("01_first_pipeline.py", args, nproc=2, timeout=60, check=False, json_result=False)
     assert r.returncode != 0

@@ -56,6 +56,7 @@ def validate_common(args: argparse.Namespace, num_stages: int) -> None:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if args.timeout <= 0:
         raise ValueError(f"--timeout must be positive, got {args.timeout}")
+    ppdist.pick_device(0, args.device)  # --device cuda without a GPU: one line now, not a traceback later
     for m in args.microbatches if isinstance(args.microbatches, list) else [args.microbatches]:
         if m < 1:
             raise ValueError(f"--microbatches must be at least 1, got {m}")
