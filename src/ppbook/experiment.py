@@ -12,6 +12,7 @@ import os
 import random
 import sys
 import time
+from statistics import median_high
 from typing import Callable
 
 import torch
@@ -181,7 +182,6 @@ def timed_steps(step_fn: Callable[[], object], recorder, warmup: int, steps: int
     Returns, on rank 0, one record per measured step: its time (the slowest rank's, from the
     barrier to that rank's last action) and every rank's recorded events. ``None`` on other ranks.
     """
-
     records = []
     for i in range(warmup + steps):
         dist.barrier()
@@ -197,25 +197,22 @@ def timed_steps(step_fn: Callable[[], object], recorder, warmup: int, steps: int
 
 
 def summarise_steps(records: list[dict]) -> dict:
-    """Median step (time and timeline), the mean busy fraction per rank, and measured action costs."""
-
-    ordered = sorted(records, key=lambda r: r["seconds"])
-    median = ordered[len(ordered) // 2]
+    """Median step (time and timeline), the mean busy fraction per rank, measured action costs,
+    and each step's own summary (:func:`step_summary`)."""
+    median = sorted(records, key=lambda r: r["seconds"])[len(records) // 2]
     all_events = [timeline.from_json(r["events"]) for r in records]
-    ranks = sorted({e.rank for e in all_events[0]})
-    busy = {r: sum(timeline.busy_fraction(ev, r) for ev in all_events) / len(all_events) for r in ranks}
-    merged = [e for ev in all_events for e in ev]
-    costs = timeline.mean_costs(merged)
-    latency = _median([timeline.comm_latency(ev) for ev in all_events])
+    steps = [step_summary(ev, r["seconds"]) for ev, r in zip(all_events, records)]
+    busy = {r: sum(step["busy"][r] for step in steps) / len(steps) for r in steps[0]["busy"]}
+    latency = median_high([timeline.comm_latency(ev) for ev in all_events])
     return {
         "step_seconds": [r["seconds"] for r in records],
         "median_step_seconds": median["seconds"],
         "events": median["events"],
-        "busy": {str(r): b for r, b in busy.items()},
-        "costs": {f"{s}{k}": c for (s, k), c in costs.items()},
+        "busy": busy,
+        "costs": {f"{s}{k}": c for (s, k), c in timeline.mean_costs([e for ev in all_events for e in ev]).items()},
         "latency": latency,
         "overheads": {f"{s}{k}": g for (s, k), g in timeline.action_overheads(all_events, latency).items()},
-        "steps": [step_summary(ev, r["seconds"]) for ev, r in zip(all_events, records)],
+        "steps": steps,
     }
 
 
@@ -239,10 +236,6 @@ def simulator_inputs(run: dict) -> dict:
     key = lambda k: (int(k[:-1]), k[-1])  # noqa: E731  "1B" -> (1, "B")
     return {"costs": {key(k): v for k, v in run["costs"].items()}, "latency": run["latency"],
             "overhead": {key(k): v for k, v in run["overheads"].items()}}
-
-
-def _median(values: list[float]) -> float:
-    return sorted(values)[len(values) // 2]
 
 
 def predicted_vs_measured(run: dict, order: simulate.Order, draws: int = 50, seed: int = 0) -> tuple[float, float]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import time
+from statistics import median_high
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
@@ -95,13 +96,11 @@ def gather(recorder: Recorder) -> list[Event] | None:
     elsewhere. Ranks on one host share the clock; across hosts this assumes synchronised clocks."""
     import torch.distributed as dist
 
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        out = [to_json(recorder.events)]
-    else:
-        out = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-        dist.gather_object(to_json(recorder.events), out, dst=0)
-        if out is None:
-            return None
+    from ppbook.dist import gather_to_rank0
+
+    out = gather_to_rank0(to_json(recorder.events)) if dist.is_initialized() else [to_json(recorder.events)]
+    if out is None:
+        return None
     events = [e for rows in out for e in from_json(rows)]
     t0 = min((e.start for e in events), default=0.0)
     return sorted((Event(e.rank, e.stage, e.kind, e.microbatch, e.start - t0, e.end - t0) for e in events),
@@ -150,8 +149,8 @@ def handoff_delays(events: list[Event]) -> list[float]:
 
 def comm_latency(events: list[Event]) -> float:
     """Median hand-off delay (:func:`handoff_delays`): the typical cost of one point-to-point hand-off."""
-    delays = sorted(handoff_delays(events))
-    return delays[len(delays) // 2] if delays else 0.0
+    delays = handoff_delays(events)
+    return median_high(delays) if delays else 0.0
 
 
 def _dependency_of(e: Event, by_key: dict) -> Event | None:
@@ -186,7 +185,7 @@ def action_overheads(steps: list[list[Event]], latency: float) -> dict[tuple[int
     for events in steps:
         for key, values in own_gaps(events, latency).items():
             pooled.setdefault(key, []).extend(values)
-    return {key: sorted(v)[len(v) // 2] for key, v in pooled.items()}
+    return {key: median_high(v) for key, v in pooled.items()}
 
 
 def plot(events: list[Event], ax=None, title: str | None = None, labels: bool = True, time_unit: str = "ms"):
