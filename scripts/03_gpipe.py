@@ -82,7 +82,8 @@ def gpipe_step(stage_mod, tokens, targets, m, info, rec: Recorder):
 # [end-scratch]
 
 
-def run_config(impl, m, full, reference, tokens, targets, args, info) -> dict | None:
+def make_runner(impl, m, full, tokens, targets, info):
+    """This rank's stage for one implementation and m, and a function that runs one step of it."""
     stage_mod = stage_module(copy.deepcopy(full), info.rank, info.world_size)
     rec = Recorder(info.rank)
     if impl == "torch":
@@ -99,16 +100,29 @@ def run_config(impl, m, full, reference, tokens, targets, args, info) -> dict | 
             ex.schedule_step(schedule, info, tokens, targets)
         losses.append(out)
 
-    records = ex.timed_steps(step, rec, args.warmup, args.steps, info.device)
-    loss = ex.mean_loss(losses[-1]) if info.is_last else None
-    check = [None] * info.world_size
-    dist.all_gather_object(check, {"rank": info.rank, "loss": loss, **ex.compare(stage_mod, reference[m][0])})
-    if info.rank != 0:
-        return None
+    return stage_mod, rec, step, losses
+
+
+def run_configs(m, full, reference, tokens, targets, args, info) -> list[dict] | None:
+    """Every implementation at this m, their measured steps interleaved (scratch, torch, scratch,
+    ...) so that both see the same moments of a shared machine's noise."""
+    runners = {impl: make_runner(impl, m, full, tokens, targets, info) for impl in args.impl}
+    records = {impl: [] for impl in args.impl}
+    for i in range(args.warmup + args.steps):
+        warm = i < args.warmup  # unmeasured: allocator and caches settle
+        for impl, (_, rec, step, _) in runners.items():
+            records[impl] += ex.timed_steps(step, rec, int(warm), int(not warm), info.device) or []
+    out = []
     tol = ex.tolerance(args.dtype)
-    ok = abs(check[-1]["loss"] - reference[m][1]) <= tol and all(c["max_grad_diff"] <= tol for c in check)
-    return {"impl": impl, "microbatches": m, "match": ok, "stages": check, "reference_loss": reference[m][1],
-            **ex.summarise_steps(records)}
+    for impl, (stage_mod, _, _, losses) in runners.items():
+        loss = ex.mean_loss(losses[-1]) if info.is_last else None
+        check = [None] * info.world_size
+        dist.all_gather_object(check, {"rank": info.rank, "loss": loss, **ex.compare(stage_mod, reference[m][0])})
+        if info.rank == 0:
+            ok = abs(check[-1]["loss"] - reference[m][1]) <= tol and all(c["max_grad_diff"] <= tol for c in check)
+            out.append({"impl": impl, "microbatches": m, "match": ok, "stages": check,
+                        "reference_loss": reference[m][1], **ex.summarise_steps(records[impl])})
+    return out if info.rank == 0 else None
 
 
 def body(args: argparse.Namespace, info) -> int:
@@ -118,8 +132,7 @@ def body(args: argparse.Namespace, info) -> int:
     for m in args.microbatches:  # one-process reference gradients, one per m (same microbatches)
         model = copy.deepcopy(full)
         reference[m] = (model, ex.reference_backward(model, tokens, targets, m))
-    runs = [run_config(impl, m, full, reference, tokens, targets, args, info)
-            for m in args.microbatches for impl in args.impl]
+    runs = [run for m in args.microbatches for run in run_configs(m, full, reference, tokens, targets, args, info) or []]
     if info.rank != 0:
         return 0
     for r in runs:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from statistics import median
 
 from ppbook import launch, simulate
 from ppbook.experiment import predicted_vs_measured
@@ -29,13 +30,17 @@ def main(argv=None) -> int:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(run.data, indent=1))
     runs = {(r["impl"], r["microbatches"]): r for r in run.data["runs"]}
-    print(f"{'m':>3} {'measured busy':>14} {'simulated':>10} {'gap (pp)':>9} {'scratch ms':>11} {'torch ms':>9} {'ratio':>6}")
+    print(f"{'m':>3} {'measured busy':>14} {'simulated':>10} {'gap (pp)':>9} {'scratch ms':>11} {'torch ms':>9} "
+          f"{'ratio':>6} {'paired':>7}")
     for m in sorted({m for _, m in runs}):
         r = runs[("torch", m)]
         measured, predicted = predicted_vs_measured(r, simulate.gpipe_order(args.nproc, m))
         scratch, torch_s = runs[("scratch", m)]["median_step_seconds"], r["median_step_seconds"]
+        # the script interleaves the two implementations step by step: step k of one ran right
+        # after step k of the other, so their ratio cancels the machine's slow drifts
+        paired = median([a / b for a, b in zip(runs[("scratch", m)]["step_seconds"], r["step_seconds"])])
         print(f"{m:>3} {100 * measured:>13.1f}% {100 * predicted:>9.1f}% {100 * abs(measured - predicted):>9.1f} "
-              f"{scratch * 1e3:>11.1f} {torch_s * 1e3:>9.1f} {scratch / torch_s:>6.2f}")
+              f"{scratch * 1e3:>11.1f} {torch_s * 1e3:>9.1f} {scratch / torch_s:>6.2f} {paired:>7.2f}")
     print(f"raw results: {args.out}")
     return 0
 
