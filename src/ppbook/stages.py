@@ -58,7 +58,7 @@ def keep_parts(model: nn.Module, layers: list[int], embedding: bool, head: bool)
     owned = {str(i) for i in layers}
     missing = owned - set(model.layers.keys())
     if missing:
-        raise ValueError(f"layers {sorted(missing, key=int)} are not in the model (it has {list(model.layers.keys())})")
+        raise ValueError(f"layers {sorted(map(int, missing))} are not in the model, which has layers {list(map(int, model.layers.keys()))}")
     for name in list(model.layers.keys()):
         if name not in owned:
             del model.layers[name]
