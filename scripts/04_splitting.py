@@ -255,7 +255,8 @@ def kwarg(args, info, tokens, targets) -> None:
 
 def body(args: argparse.Namespace, info) -> int:
     tokens, targets = ex.make_batch(args, 0, info.device)
-    out: dict = {"world_size": info.world_size, "dtype": args.dtype, "torch_version": torch.__version__}
+    out: dict = {"world_size": info.world_size, "microbatches": args.microbatches, "dtype": args.dtype,
+                 "torch_version": torch.__version__}
     if "check" in args.experiments:
         out["checks"] = [check(kind, method, args, info, tokens, targets)
                          for kind in args.models for method in args.methods]
