@@ -7,6 +7,7 @@ import random
 import pytest
 import torch
 
+from conftest import assert_one_error_line
 from ppbook import launch, split
 from ppbook.experiment import loss_fn
 from ppbook.models import GPTConfig, Llama, LlamaConfig, build_model, count_parameters
@@ -221,9 +222,7 @@ def test_tensor_kwarg_for_a_later_stage_fails_with_torchs_error():
 @pytest_torchrun
 def test_bad_input_one_line_nonzero_exit(args, message):
     r = launch.torchrun("04_splitting.py", args, nproc=2, timeout=120, check=False, json_result=False)
-    assert r.returncode != 0
-    errors = sorted({line for line in r.output.splitlines() if line.startswith("04_splitting.py: error:")})
-    assert len(errors) == 1 and message in errors[0], r.output
+    assert_one_error_line(r, "04_splitting.py", message)
 
 
 def test_tied_and_kwarg_need_two_processes():
