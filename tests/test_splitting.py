@@ -228,3 +228,9 @@ def test_bad_input_one_line_nonzero_exit(args, message):
 def test_tied_and_kwarg_need_two_processes():
     r = launch.python("04_splitting.py", ["--experiments", "tied"], timeout=120, check=False, json_result=False)
     assert r.returncode == 2 and "at least 2 processes" in r.output
+
+
+def test_one_process_without_torchrun_is_a_one_stage_pipeline():
+    r = launch.python("04_splitting.py", ["--check", "--models", "llama"], timeout=240)
+    assert r.data["world_size"] == 1 and r.data["match"]
+    assert [c["layers_per_stage"] for c in r.data["checks"]] == [[[0, 1, 2, 3, 4]]] * 2
