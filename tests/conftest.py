@@ -35,3 +35,10 @@ def built_book(tmp_path_factory) -> Path:
     html = out / "_build" / "html"
     assert (html / "index.html").is_file(), log[-3000:]
     return html
+
+
+def assert_one_error_line(result, script: str, message: str) -> None:
+    """Bad input: a non-zero exit and exactly one distinct ``<script>: error:`` line, saying ``message``."""
+    assert result.returncode != 0
+    errors = sorted({line for line in result.output.splitlines() if line.startswith(f"{script}: error:")})
+    assert len(errors) == 1 and message in errors[0], result.output

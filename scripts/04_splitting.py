@@ -1,0 +1,296 @@
+"""Splitting a model into pipeline stages: by hand (built on the meta device) and with the tracer,
+both checked against one process; tied weights under the tracer; and three balancing policies
+(equal layer counts, parameter counts, measured time) timed on a Llama with a heavy output head.
+
+CPU, three stages of a 5-layer model (uneven: 2, 2, 1 layers), both models, both methods:
+    torchrun --standalone --nproc-per-node 3 scripts/04_splitting.py --check
+CPU, two stages, everything (checks, tied weights, balancing) in one launch:
+    torchrun --standalone --nproc-per-node 2 scripts/04_splitting.py --experiments check tied balance --check
+A tensor keyword argument that a later stage uses: fails on purpose, with torch's error:
+    torchrun --standalone --nproc-per-node 2 scripts/04_splitting.py --experiments kwarg
+GPUs (NCCL), balancing a larger model:
+    torchrun --standalone --nproc-per-node 4 scripts/04_splitting.py --experiments balance \\
+        --balance-vocab 32000 --balance-dim 1024 --balance-layers 16 --batch-size 64 --device cuda
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.pipelining import PipelineStage, ScheduleGPipe, SplitPoint, pipeline
+from tqdm import tqdm
+
+from ppbook import experiment as ex
+from ppbook import split
+from ppbook.dist import gather_to_rank0
+from ppbook.models import GPTConfig, LlamaConfig, build_model
+from ppbook.stages import assign_layers, stage_module
+from ppbook.timeline import Recorder
+
+EXPERIMENTS = ("check", "tied", "balance", "kwarg")
+MODELS = ("gpt", "llama")
+METHODS = ("manual", "tracer")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    # 5 layers: uneven on 2, 3 and 4 stages, where layers get dropped if anything does
+    ex.add_common_args(p, microbatches=4, batch_size=8, seq_len=32, layers=5, dim=64)
+    ex.add_timing_args(p, steps=3)
+    p.add_argument("--experiments", nargs="+", choices=EXPERIMENTS, default=["check"],
+                   help="check: manual and tracer splits against one process; tied: tied weights under the "
+                        "tracer; balance: three balancing policies timed; kwarg: fails on purpose")
+    p.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS), help="models for 'check'")
+    p.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS), help="split methods for 'check'")
+    p.add_argument("--policies", nargs="+", choices=split.POLICIES, default=list(split.POLICIES),
+                   help="balancing policies for 'balance'")
+    p.add_argument("--balance-vocab", type=int, default=8192, help="vocabulary of the Llama that 'balance' splits")
+    p.add_argument("--balance-dim", type=int, default=128)
+    p.add_argument("--balance-layers", type=int, default=8)
+    return p.parse_args(argv)
+
+
+def validate(args: argparse.Namespace, num_stages: int) -> None:
+    ex.validate_common(args, num_stages)
+    if "balance" in args.experiments:
+        for name in ("balance_vocab", "balance_dim", "balance_layers"):
+            if getattr(args, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+        if args.balance_layers < num_stages:
+            raise ValueError(f"--balance-layers {args.balance_layers} is fewer than the {num_stages} stages; "
+                             f"raise it or lower --nproc-per-node")
+        if args.balance_dim % args.heads:
+            raise ValueError(f"--balance-dim {args.balance_dim} must be divisible by --heads {args.heads}")
+    if ("tied" in args.experiments or "kwarg" in args.experiments) and num_stages < 2:
+        raise ValueError("'tied' and 'kwarg' show what happens between stages: launch them on at least 2 processes")
+
+
+def config(kind: str, args, vocab=None, dim=None, layers=None) -> GPTConfig | LlamaConfig:
+    common = dict(vocab_size=vocab or args.vocab, dim=dim or args.dim, n_layers=layers or args.layers,
+                  n_heads=args.heads, max_seq_len=args.seq_len)
+    return GPTConfig(**common) if kind == "gpt" else LlamaConfig(**common, n_kv_heads=args.heads // 2 or 1)
+
+
+# [start-manual]
+def manual_stage(cfg, args, info) -> nn.Module:
+    """This rank's stage, built on the meta device: only its own parameters ever get memory."""
+    return split.build_stage_on_meta(cfg, args.seed, info.rank, info.world_size,
+                                     dtype=ex.DTYPES[args.dtype], device=info.device)
+# [end-manual]
+
+
+# [start-tracer]
+def traced_stage(full: nn.Module, mb_tokens: torch.Tensor, info):
+    """Trace the whole model on one microbatch, cut it where the manual split cuts, keep a stage."""
+    starts = [layers[0] for layers in assign_layers(len(full.layers), info.world_size)]
+    split_spec = {f"layers.{first}": SplitPoint.BEGINNING for first in starts[1:]}
+    pipe = pipeline(full, mb_args=(mb_tokens,), split_spec=split_spec)  # torch.export under the hood
+    return pipe.build_stage(info.rank, device=info.device)  # a PipelineStage around this stage's part
+# [end-tracer]
+
+
+def run_pipeline(stage, stage_mod, tokens, targets, m, info, rec=None) -> list[torch.Tensor]:
+    if rec is not None:
+        rec.attach(stage)
+    schedule = ScheduleGPipe(stage, n_microbatches=m, loss_fn=ex.loss_fn)
+    stage_mod.zero_grad(set_to_none=True)
+    return ex.schedule_step(schedule, info, tokens, targets)
+
+
+def check(kind: str, method: str, args, info, tokens, targets) -> dict | None:
+    """One split of one model, one GPipe step, compared with one process by parameter name."""
+    cfg, m = config(kind, args), args.microbatches
+    full = build_model(cfg, seed=args.seed, dtype=ex.DTYPES[args.dtype]).to(info.device)
+    reference = copy.deepcopy(full)
+    ref_loss = ex.reference_backward(reference, tokens, targets, m)
+    if method == "manual":
+        stage_mod = manual_stage(cfg, args, info)
+        stage = PipelineStage(stage_mod, info.rank, info.world_size, info.device)
+    else:
+        stage = traced_stage(full, tokens.chunk(m)[0], info)
+        stage_mod = stage.submod
+    full_params = dict(full.named_parameters())
+    weights_equal = all(torch.equal(p, full_params[n]) for n, p in stage_mod.named_parameters())
+    losses = run_pipeline(stage, stage_mod, tokens, targets, m, info)
+    mine = {"rank": info.rank, "weights_equal_full": weights_equal, **ex.compare(stage_mod, reference),
+            "loss": ex.mean_loss(losses) if info.is_last else None}
+    stages = gather_to_rank0(mine)
+    if stages is None:
+        return None
+    tol = ex.tolerance(args.dtype)
+    ok = all(s["weights_equal_full"] and s["max_grad_diff"] <= tol for s in stages) and \
+        abs(stages[-1]["loss"] - ref_loss) <= tol
+    return {"model": kind, "method": method, "layers_per_stage": [layer_ids(s["params"]) for s in stages],
+            "reference_loss": ref_loss, "loss": stages[-1]["loss"], "match": ok, "stages": stages}
+
+
+def layer_ids(names: list[str]) -> list[int]:
+    return sorted({int(n.split(".")[1]) for n in names if n.startswith("layers.")})
+
+
+# [start-tied]
+def tied(args, info, tokens, targets) -> dict | None:
+    """A Llama whose output head reuses the embedding matrix, split by the tracer."""
+    cfg, m = config("llama", args), args.microbatches
+    full = build_model(cfg, seed=args.seed, dtype=ex.DTYPES[args.dtype]).to(info.device)
+    full.output.weight = full.tok_embeddings.weight  # tie: one matrix, used first and last
+    reference = copy.deepcopy(full)  # deepcopy keeps the tie
+    ex.reference_backward(reference, tokens, targets, m)
+    stage = traced_stage(copy.deepcopy(full), tokens.chunk(m)[0], info)
+    run_pipeline(stage, stage.submod, tokens, targets, m, info)
+    name = "tok_embeddings.weight" if info.is_first else "output.weight" if info.is_last else None
+    grad = dict(stage.submod.named_parameters())[name].grad if name else None
+    # The fix: the first and last stages add their gradients of the shared matrix.
+    pair = dist.new_group([0, info.world_size - 1])  # every rank must take part in new_group
+    summed = grad.clone() if grad is not None else None
+    if summed is not None:
+        dist.all_reduce(summed, group=pair)  # comm: sum the two halves of the tied gradient
+# [end-tied]
+    ref = reference.tok_embeddings.weight.grad
+    mine = {"rank": info.rank, "name": name,
+            "grad": grad.cpu().tolist() if grad is not None else None,
+            "max_diff": (grad - ref).abs().max().item() if grad is not None else None,
+            "max_diff_summed": (summed - ref).abs().max().item() if summed is not None else None,
+            "params": [n for n, _ in stage.submod.named_parameters()]}
+    stages = gather_to_rank0(mine)
+    if stages is None:
+        return None
+    return {"reference_grad": ref.cpu().tolist(), "first": stages[0], "last": stages[-1],
+            "params": [s["params"] for s in stages]}
+
+
+def balance(args, info, tokens, targets) -> dict | None:
+    """Split a Llama with a heavy head by each policy and time a GPipe step of each split."""
+    cfg = config("llama", args, vocab=args.balance_vocab, dim=args.balance_dim, layers=args.balance_layers)
+    m, p = args.microbatches, info.world_size
+    full = build_model(cfg, seed=args.seed, dtype=ex.DTYPES[args.dtype]).to(info.device)
+    tokens, targets = tokens % cfg.vocab_size, targets % cfg.vocab_size
+    reference = copy.deepcopy(full)
+    ref_loss = ex.reference_backward(reference, tokens, targets, m)
+    # [start-profile]
+    seconds = [None]
+    if info.rank == 0:  # one rank profiles, alone, on one microbatch; the others wait
+        seconds[0] = split.profile_units(full, tokens.chunk(m)[0], targets.chunk(m)[0], ex.loss_fn)
+    dist.broadcast_object_list(seconds, src=0)
+    params = split.unit_params(full)
+    plans = {policy: split.balance(policy, cfg.n_layers, p, params=params, seconds=seconds[0])
+             for policy in args.policies}
+    # [end-profile]
+    pipes = {}
+    for policy, layers in plans.items():
+        stage_mod = stage_module(copy.deepcopy(full), info.rank, p, layers=layers[info.rank])
+        stage = PipelineStage(stage_mod, info.rank, p, info.device)
+        rec = Recorder(info.rank)
+        rec.attach(stage)
+        pipes[policy] = (stage_mod, ScheduleGPipe(stage, n_microbatches=m, loss_fn=ex.loss_fn), rec, [], [])
+    # Rounds of one step per policy, so that a slow spell of a shared host hits every policy.
+    for r in tqdm(range(args.warmup + args.steps), desc="rounds", disable=info.rank != 0):
+        for policy, (stage_mod, schedule, rec, losses, records) in pipes.items():
+            def step():
+                stage_mod.zero_grad(set_to_none=True)
+                losses.append(ex.schedule_step(schedule, info, tokens, targets))
+            warm = r < args.warmup
+            records.extend(ex.timed_steps(step, rec, int(warm), int(not warm), info.device) or [])
+    runs, tol = {}, ex.tolerance(args.dtype)
+    for policy, (stage_mod, schedule, rec, losses, records) in pipes.items():
+        mine = {"rank": info.rank, **ex.compare(stage_mod, reference),
+                "loss": ex.mean_loss(losses[-1]) if info.is_last else None}
+        stages = gather_to_rank0(mine)
+        if stages is None:
+            continue
+        summary, layers = ex.summarise_steps(records), plans[policy]
+        runs[policy] = {
+            "layers_per_stage": layers, "stage_params": split.stage_costs(layers, params),
+            "predicted_stage_seconds": split.stage_costs(layers, [m * t for t in seconds[0]]),
+            "measured_stage_seconds": [m * (summary["costs"][f"{s}F"] + summary["costs"][f"{s}B"]) for s in range(p)],
+            "match": all(s["max_grad_diff"] <= tol for s in stages) and abs(stages[-1]["loss"] - ref_loss) <= tol,
+            **summary}
+    if info.rank != 0:
+        return None
+    return {"unit_names": split.unit_names(cfg.n_layers), "unit_seconds": seconds[0], "unit_params": params,
+            "vocab": cfg.vocab_size, "dim": cfg.dim, "layers": cfg.n_layers, "runs": runs}
+
+
+class WithTemperature(nn.Module):
+    """The model's logits divided by a per-sequence temperature: a tensor keyword argument that
+    only the last stage (the head) needs."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, tokens, temperature):
+        return self.model(tokens) / temperature  # (B, T, vocab) / (B, 1, 1)
+
+
+def kwarg(args, info, tokens, targets) -> None:
+    """Fails on purpose: the tracer wires the keyword argument to the last stage, but at run time
+    only the first stage is given the model's inputs."""
+    m = args.microbatches
+    full = build_model(config("gpt", args), seed=args.seed, dtype=ex.DTYPES[args.dtype]).to(info.device)
+    temperature = torch.ones(tokens.shape[0], 1, 1, device=info.device)  # (B, 1, 1)
+    starts = [layers[0] for layers in assign_layers(len(full.layers), info.world_size)]
+    pipe = pipeline(WithTemperature(full), mb_args=(tokens.chunk(m)[0],),
+                    mb_kwargs={"temperature": temperature.chunk(m)[0]},
+                    split_spec={f"model.layers.{s}": SplitPoint.BEGINNING for s in starts[1:]})
+    stage = pipe.build_stage(info.rank, device=info.device)
+    schedule = ScheduleGPipe(stage, n_microbatches=m, loss_fn=ex.loss_fn)
+    try:
+        if info.is_first:
+            schedule.step(tokens, temperature=temperature)  # the model's inputs go to the first stage
+        elif info.is_last:
+            schedule.step(target=targets)
+        else:
+            schedule.step()
+    except Exception as err:  # one line per rank that a chapter can show, then fail as torch does
+        cause = err.__cause__ or err
+        print(f"rank {info.rank} failed: {type(cause).__name__}: {cause}".replace("\n", " "), file=sys.stderr, flush=True)
+        raise
+
+
+def body(args: argparse.Namespace, info) -> int:
+    tokens, targets = ex.make_batch(args, 0, info.device)
+    out: dict = {"world_size": info.world_size, "microbatches": args.microbatches, "dtype": args.dtype,
+                 "torch_version": torch.__version__}
+    if "check" in args.experiments:
+        out["checks"] = [check(kind, method, args, info, tokens, targets)
+                         for kind in args.models for method in args.methods]
+    if "tied" in args.experiments:
+        out["tied"] = tied(args, info, tokens, targets)
+    if "balance" in args.experiments:
+        out["balance"] = balance(args, info, tokens, targets)
+    if "kwarg" in args.experiments:
+        kwarg(args, info, tokens, targets)
+    if info.rank != 0:
+        return 0
+    ok = True
+    for c in out.get("checks", []):
+        print(f"{c['model']:>5} {c['method']:>6}: layers per stage {c['layers_per_stage']}, "
+              f"max grad diff {max(s['max_grad_diff'] for s in c['stages']):.1e}  {'MATCH' if c['match'] else 'MISMATCH'}")
+        ok &= c["match"]
+    if out.get("tied"):
+        t = out["tied"]
+        print(f"tied weights: stage gradients off by {t['first']['max_diff']:.1e} (first) and "
+              f"{t['last']['max_diff']:.1e} (last); summed across the two stages: {t['last']['max_diff_summed']:.1e}")
+    for policy, r in (out.get("balance") or {}).get("runs", {}).items():
+        stage_ms = ", ".join(f"{1e3 * s:.1f}" for s in r["measured_stage_seconds"])
+        print(f"balance {policy:>6}: layers {[len(x) for x in r['layers_per_stage']]}, stage ms [{stage_ms}], "
+              f"step {1e3 * r['median_step_seconds']:.1f} ms  {'MATCH' if r['match'] else 'MISMATCH'}")
+        ok &= r["match"]
+    print("MATCH: every pipeline equals the one-process run" if ok else "MISMATCH in at least one run")
+    out["match"] = ok
+    ex.write_json(args.json, out)
+    return 1 if (args.check and not ok) else 0
+
+
+def main(argv=None) -> int:
+    return ex.run("04_splitting.py", parse_args(argv), validate, body)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
