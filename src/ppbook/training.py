@@ -118,3 +118,85 @@ class TrainState:
         d = asdict(self)
         d.pop("rng")
         return d
+
+
+# --- what scale_grads does, measured ----------------------------------------------------------------
+def gradient_scaling_cases(info, m: int = 4, seq_len: int = 16, seed: int = 0) -> dict[str, float]:
+    """Run a tiny Llama through ``ScheduleGPipe`` (one stage per rank of the current process
+    group) with each loss/``scale_grads`` combination, and return for each case the largest
+    gradient difference, relative to the largest gradient, from the one-process gradient of
+    what the case should compute. float64, so ``0`` means equal and ``>1e-3`` means wrong.
+
+    ``a`` and ``b`` are two batches of ``2m`` rows; in ``a``, every other microbatch is mostly
+    padding. The target is always the mean over every counted token of the batches used.
+    """
+    import copy
+
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+    from ppbook.data import inputs_and_targets
+    from ppbook.experiment import schedule_step
+    from ppbook.models import LlamaConfig, build_model
+    from ppbook.stages import stage_module
+
+    cfg = LlamaConfig(vocab_size=64, dim=32, n_layers=max(2, info.world_size), n_heads=4, n_kv_heads=2,
+                      ffn_hidden_dim=64, max_seq_len=seq_len)
+    full = build_model(cfg, seed=seed, dtype=torch.float64).to(info.device)
+    rows = torch.randint(2, 64, (4 * m, seq_len + 1), generator=torch.Generator().manual_seed(seed))
+    lengths = torch.full((4 * m,), seq_len + 1)
+    lengths[:2 * m].view(m, 2)[1::2] = 3  # batch a: microbatches 1, 3, ... hold 2 real targets per row
+    a = inputs_and_targets(rows[:2 * m], lengths[:2 * m])  # tokens (2m, T), targets (2m, T)
+    b = inputs_and_targets(rows[2 * m:], lengths[2 * m:])
+    a_full = inputs_and_targets(rows[:2 * m], torch.full((2 * m,), seq_len + 1))
+
+    def reference(batches, weights=None) -> dict[str, torch.Tensor]:
+        """One process: gradient of the token mean over ``batches`` (or of sum(w * batch mean))."""
+        model = copy.deepcopy(full)
+        if weights is None:
+            loss_fn = TokenMeanLoss()
+            loss_fn.set_batch(*(t for _, t in batches))
+            loss = sum(loss_fn(model(x.to(info.device)), y.to(info.device)) for x, y in batches)
+        else:
+            loss = sum(w * microbatch_mean_loss(model(x.to(info.device)), y.to(info.device))
+                       for w, (x, y) in zip(weights, batches))
+        loss.backward()
+        return {n: p.grad for n, p in model.named_parameters()}
+
+    def pipeline(batches, loss_fn, scale_grads) -> dict[str, torch.Tensor]:
+        """``schedule.step`` once per batch, without zero_grad in between (outer accumulation)."""
+        stage_mod = stage_module(copy.deepcopy(full), info.rank, info.world_size)
+        stage = PipelineStage(stage_mod, stage_index=info.rank, num_stages=info.world_size, device=info.device)
+        schedule = ScheduleGPipe(stage, n_microbatches=m, loss_fn=loss_fn, scale_grads=scale_grads)
+        for x, y in batches:
+            schedule_step(schedule, info, x.to(info.device), y.to(info.device))
+        return {n: p.grad for n, p in stage_mod.named_parameters()}
+
+    def diff(got, want) -> float:
+        scale = max(want[n].abs().max() for n in got)
+        d = torch.tensor(max(((got[n] - want[n]).abs().max() / scale).item() for n in got), dtype=torch.float64)
+        if dist.is_initialized():
+            dist.all_reduce(d, op=dist.ReduceOp.MAX)  # the worst stage
+        return d.item()
+
+    token_mean = TokenMeanLoss()
+    cases = {}
+    # [start-cases]
+    # 1. mean loss per microbatch, scale_grads=True, no padding: the batch mean, right
+    cases["mean loss, scale_grads, no padding"] = diff(pipeline([a_full], microbatch_mean_loss, True), reference([a_full]))
+    # 2. the same with padding: each microbatch weighs the same, whatever its number of tokens
+    cases["mean loss, scale_grads, padding"] = diff(pipeline([a], microbatch_mean_loss, True), reference([a]))
+    # 3. the fix: sum over tokens / tokens in the whole batch, scale_grads=False
+    token_mean.set_batch(a[1])
+    cases["token-mean loss, no scaling, padding"] = diff(pipeline([a], token_mean, False), reference([a]))
+    # 4. two steps accumulated: scale_grads divides what the first step left by m again
+    cases["mean loss, scale_grads, 2 accumulated steps"] = diff(
+        pipeline([a_full, b], microbatch_mean_loss, True), reference([a_full, b]))
+    # ... which is exactly the gradient of mean(a) / m + mean(b), not of (mean(a) + mean(b)) / 2
+    cases["mean loss, scale_grads, 2 accumulated steps, vs mean(a)/m + mean(b)"] = diff(
+        pipeline([a_full, b], microbatch_mean_loss, True), reference([a_full, b], weights=[1 / m, 1.0]))
+    # 5. the fix: the denominator counts the tokens of every accumulated batch, scale_grads=False
+    token_mean.set_batch(a[1], b[1])
+    cases["token-mean loss, no scaling, 2 accumulated steps"] = diff(pipeline([a, b], token_mean, False),
+                                                                   reference([a, b]))
+    # [end-cases]
+    return cases
