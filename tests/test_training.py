@@ -158,13 +158,16 @@ def small_tokenizer(tmp_path_factory):
     (["--data", "/no/such/corpus.txt"], "data file /no/such/corpus.txt does not exist"),
     (["--tokenizer-file", "TOKENIZER"], "has 300 tokens but the model's --vocab is 512; pass --vocab 300"),
     (["--tokenizer-file", "/no/such/tokenizer.json"], "tokenizer file /no/such/tokenizer.json does not exist"),
+    (["--tokenizer-file", "CORRUPT"], "is not a Hugging Face tokenizer.json"),
     (["--batch-size", "10", "--microbatches", "4"], "--batch-size 10 is not divisible by --microbatches 4"),
     (["--schedule", "1f1b", "--microbatches", "1", "--batch-size", "4"], "1F1B needs at least as many microbatches"),
     (["--vocab", "100"], "needs --vocab of at least 258"),
     (["--kv-heads", "3"], "--heads 4 must be divisible by --kv-heads 3"),
 ])
-def test_train_bad_input_is_one_line_and_nonzero_exit(args, message, small_tokenizer):
-    args = [small_tokenizer if a == "TOKENIZER" else a for a in args]
+def test_train_bad_input_is_one_line_and_nonzero_exit(args, message, small_tokenizer, tmp_path):
+    corrupt = tmp_path / "tokenizer.json"
+    corrupt.write_text('{"version": "1.0", "model": {"type": "BPE", "vocab": ')  # cut off mid-file
+    args = [{"TOKENIZER": small_tokenizer, "CORRUPT": str(corrupt)}.get(a, a) for a in args]
     r = launch.torchrun("06_train.py", args, nproc=2, timeout=120, check=False, json_result=False)
     assert r.returncode != 0
     errors = sorted({line for line in r.output.splitlines() if line.startswith("06_train.py: error:")})

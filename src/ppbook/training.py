@@ -104,20 +104,19 @@ def warmup_cosine(step: int, warmup: int, total: int, min_ratio: float = 0.1) ->
 
 @dataclass
 class TrainState:
-    """What the loop needs besides the model and optimizer to continue where it stopped: the
-    next step, the data position, the RNG state, the metrics so far. The scheduler's own state
-    is its ``state_dict()``; a checkpoint (chapter 7) stores both."""
+    """What the loop needs besides the model, optimizer and LR scheduler to continue where it
+    stopped: the next step, the data iterator's position, and the metrics so far. The loop draws
+    no random numbers of its own (no dropout; the data order is a function of the seed and the
+    epoch), so there is no RNG state to keep yet. A checkpoint (chapter 7) stores this with the
+    model's, optimizer's and scheduler's ``state_dict()``."""
 
     step: int = 0
-    data: dict = field(default_factory=dict)
-    rng: torch.Tensor | None = None
+    data: dict = field(default_factory=dict)  # Batches.state_dict()
     train: list = field(default_factory=list)  # one dict per step
     eval: list = field(default_factory=list)  # one dict per evaluation
 
     def to_json(self) -> dict:
-        d = asdict(self)
-        d.pop("rng")
-        return d
+        return asdict(self)
 
 
 # --- what scale_grads does, measured ----------------------------------------------------------------
