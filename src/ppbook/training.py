@@ -44,7 +44,7 @@ class TokenMeanLoss:
         return self.denominator
 
     def __call__(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        total = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX,
+        total = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX,
                                 reduction="sum")  # logits (b, T, V), targets (b, T)
         return total / self.denominator
 # [end-loss]
@@ -52,7 +52,7 @@ class TokenMeanLoss:
 
 def microbatch_mean_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """The seed's loss: the mean over the *microbatch's* counted tokens (use with scale_grads=True)."""
-    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX)
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX)
 
 
 # [start-clip]
