@@ -93,21 +93,23 @@ def run(script: str, args: argparse.Namespace, validate: Callable[[argparse.Name
         ppdist.teardown()
 
 
-def schedule_step(schedule, info: ppdist.DistInfo, tokens, targets) -> list[torch.Tensor]:
+def schedule_step(schedule, info: ppdist.DistInfo, tokens, targets, forward_only: bool = False) -> list[torch.Tensor]:
     """One ``schedule.step`` from any rank; returns the per-microbatch losses (last stage only).
 
     Only the first stage is given the input and only the last stage the targets (in one process,
-    a one-stage pipeline, both); the ranks in between take part with neither.
+    a one-stage pipeline, both); the ranks in between take part with neither. With
+    ``forward_only`` it calls ``schedule.eval`` instead (no backward; chapter 6).
     """
     losses: list[torch.Tensor] = []
+    run = schedule.eval if forward_only else schedule.step
     if info.is_first and info.is_last:
-        schedule.step(tokens, target=targets, losses=losses)
+        run(tokens, target=targets, losses=losses)
     elif info.is_first:
-        schedule.step(tokens)
+        run(tokens)
     elif info.is_last:
-        schedule.step(target=targets, losses=losses)
+        run(target=targets, losses=losses)
     else:
-        schedule.step()
+        run()
     return losses
 
 

@@ -1,0 +1,153 @@
+"""Two things a pipelined training loop must get right, measured across real stages: how
+``scale_grads`` scales the gradients (with padding and with outer accumulation), and an
+attention mask that every stage needs, passed from stage to stage as a tuple.
+
+CPU, two stages (gloo):
+    torchrun --standalone --nproc-per-node 2 scripts/06_loss_and_masks.py
+CPU, four stages:
+    torchrun --standalone --nproc-per-node 4 scripts/06_loss_and_masks.py --layers 4
+
+The mask part packs two documents into each row (what pretraining pipelines do to avoid
+padding) and trains one step three ways: in one process with a document mask (the reference),
+through the pipeline with the mask handed on by every stage (a tuple), and through the
+pipeline with the mask given to the first stage only, as a single-input stage would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+from ppbook import experiment as ex
+from ppbook.models import LlamaConfig, build_model
+from ppbook.stages import stage_module
+from ppbook.training import gradient_scaling_cases, microbatch_mean_loss
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--microbatches", type=int, default=4)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--seq-len", type=int, default=32)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument("--json", default=None, help="write machine-readable results to this path (rank 0)")
+    p.add_argument("--timeout", type=float, default=120.0)
+    return p.parse_args(argv)
+
+
+def validate(args: argparse.Namespace, world_size: int) -> None:
+    if args.microbatches < 1 or args.seq_len < 4:
+        raise ValueError(f"--microbatches must be at least 1 and --seq-len at least 4, got {args.microbatches} "
+                         f"and {args.seq_len}")
+    if args.layers < world_size:
+        raise ValueError(f"{world_size} processes need at least {world_size} layers, got --layers {args.layers}")
+
+
+def document_mask(doc_ids: torch.Tensor) -> torch.Tensor:
+    """(B, T) document index of each position -> (B, 1, T, T): causal, and within one document."""
+    T = doc_ids.shape[1]
+    causal = torch.ones(T, T, dtype=torch.bool, device=doc_ids.device).tril()  # (T, T)
+    same_doc = doc_ids[:, :, None] == doc_ids[:, None, :]  # (B, T, T)
+    return (causal & same_doc)[:, None]
+
+
+# [start-packed]
+class PackedStage(nn.Module):
+    """A stage of the Llama model whose input and output are (activations, doc_ids): the mask
+    each stage needs travels with the activations. The last stage returns the logits only."""
+
+    def __init__(self, stage_mod: nn.Module, pass_mask: bool = True):
+        super().__init__()
+        self.mod, self.pass_mask = stage_mod, pass_mask
+
+    def forward(self, h: torch.Tensor, doc_ids: torch.Tensor | None = None):
+        m = self.mod
+        h = m.tok_embeddings(h) if m.tok_embeddings is not None else h  # (b, T) ids -> (b, T, C)
+        mask = document_mask(doc_ids) if doc_ids is not None else None  # (b, 1, T, T); None: causal only
+        cos, sin = m.rope_cos[:h.shape[1]], m.rope_sin[:h.shape[1]]
+        for layer in m.layers.values():
+            h = layer(h, cos, sin, mask)
+        if m.output is not None:
+            return m.output(m.norm(h))                 # (b, T, vocab) on the last stage
+        return (h, doc_ids) if self.pass_mask else h   # comm: both tensors, or the activations only
+# [end-packed]
+
+
+def packed_batch(args, vocab: int, batch: int):
+    """Rows of two documents each, cut at a random point: tokens, targets, doc_ids, all (B, T)."""
+    g = torch.Generator().manual_seed(args.seed + 1)
+    seq = torch.randint(0, vocab, (batch, args.seq_len + 1), generator=g)
+    cut = torch.randint(args.seq_len // 4, 3 * args.seq_len // 4, (batch, 1), generator=g)
+    doc_ids = (torch.arange(args.seq_len)[None, :] >= cut).long()  # 0 then 1
+    return seq[:, :-1], seq[:, 1:], doc_ids
+
+
+def mask_demo(args, info) -> dict:
+    cfg = LlamaConfig(vocab_size=128, dim=32, n_layers=args.layers, n_heads=4, n_kv_heads=2, ffn_hidden_dim=96,
+                      max_seq_len=args.seq_len)
+    full = build_model(cfg, seed=args.seed, dtype=torch.float64).to(info.device)
+    batch = 2 * args.microbatches
+    tokens, targets, doc_ids = (t.to(info.device) for t in packed_batch(args, cfg.vocab_size, batch))
+    m = args.microbatches
+
+    # one process, the mask on every layer: the reference
+    ref = PackedStage(copy.deepcopy(full))
+    ref_losses = []
+    for tok, tgt, doc in zip(tokens.chunk(m), targets.chunk(m), doc_ids.chunk(m)):
+        ref_losses.append(microbatch_mean_loss(ref(tok, doc), tgt))
+        (ref_losses[-1] / m).backward()
+    ref_grads = dict(ref.mod.named_parameters())
+    out = {"reference_loss": torch.stack(ref_losses).mean().item()}
+
+    for name, pass_mask in (("tuple", True), ("first stage only", False)):
+        # [start-run-packed]
+        stage_mod = PackedStage(stage_module(copy.deepcopy(full), info.rank, info.world_size), pass_mask)
+        stage = PipelineStage(stage_mod, stage_index=info.rank, num_stages=info.world_size, device=info.device)
+        schedule = ScheduleGPipe(stage, n_microbatches=m, loss_fn=microbatch_mean_loss)
+        losses = []
+        if info.is_first:
+            schedule.step(tokens, doc_ids, **({"target": targets, "losses": losses} if info.is_last else {}))
+        elif info.is_last:
+            schedule.step(target=targets, losses=losses)  # receives (h, doc_ids) or h alone
+        else:
+            schedule.step()
+        # [end-run-packed]
+        grad_diff = torch.tensor(max((p.grad - ref_grads[n].grad).abs().max().item()
+                                     for n, p in stage_mod.mod.named_parameters()), dtype=torch.float64)
+        dist.all_reduce(grad_diff, op=dist.ReduceOp.MAX)
+        loss = torch.tensor(torch.stack(losses).mean().item() if info.is_last else 0.0, dtype=torch.float64)
+        dist.broadcast(loss, src=info.world_size - 1)
+        out[name] = {"loss": loss.item(), "max_grad_diff": grad_diff.item()}
+    return out
+
+
+def body(args: argparse.Namespace, info) -> int:
+    scaling = gradient_scaling_cases(info, m=args.microbatches, seed=args.seed)
+    masks = mask_demo(args, info)
+    if info.rank != 0:
+        return 0
+    width = max(map(len, scaling))
+    print("max |grad - target| / max |target|, float64, over every stage:")
+    for case, d in scaling.items():
+        print(f"  {case:<{width}}  {d:.1e}")
+    print(f"packed rows, one-process loss {masks['reference_loss']:.6f}")
+    for name in ("tuple", "first stage only"):
+        print(f"  mask passed {name:<17} loss {masks[name]['loss']:.6f}, max |grad diff| {masks[name]['max_grad_diff']:.1e}")
+    ex.write_json(args.json, {"world_size": info.world_size, "microbatches": args.microbatches,
+                              "scaling": scaling, "masks": masks})
+    return 0
+
+
+def main(argv=None) -> int:
+    return ex.run("06_loss_and_masks.py", parse_args(argv), validate, body)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
