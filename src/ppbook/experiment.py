@@ -93,18 +93,23 @@ def run(script: str, args: argparse.Namespace, validate: Callable[[argparse.Name
         ppdist.teardown()
 
 
-def schedule_step(schedule, info: ppdist.DistInfo, tokens, targets) -> list[torch.Tensor]:
+def schedule_step(schedule, info: ppdist.DistInfo, tokens, targets, holds_first: bool | None = None,
+                  holds_last: bool | None = None) -> list[torch.Tensor]:
     """One ``schedule.step`` from any rank; returns the per-microbatch losses (last stage only).
 
-    Only the first stage is given the input and only the last stage the targets (in one process,
-    a one-stage pipeline, both); the ranks in between take part with neither.
+    Only the rank holding the first stage is given the input and only the one holding the last
+    stage the targets (in one process, a one-stage pipeline, both); the ranks in between take part
+    with neither. By default rank 0 holds the first stage and the last rank the last;
+    ``holds_first``/``holds_last`` say otherwise (a V-shaped schedule puts both on rank 0).
     """
+    first = info.is_first if holds_first is None else holds_first
+    last = info.is_last if holds_last is None else holds_last
     losses: list[torch.Tensor] = []
-    if info.is_first and info.is_last:
+    if first and last:
         schedule.step(tokens, target=targets, losses=losses)
-    elif info.is_first:
+    elif first:
         schedule.step(tokens)
-    elif info.is_last:
+    elif last:
         schedule.step(target=targets, losses=losses)
     else:
         schedule.step()
