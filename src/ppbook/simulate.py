@@ -95,14 +95,32 @@ def torch_order(name: str, p: int, m: int, v: int = 2) -> Order:
         return one_f_one_b_order(p, m)
     from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
 
+    return _from_torch(get_schedule_ops(name, p, m, num_stages_per_rank=stages_per_rank(name, v)))
+
+
+def _from_torch(ops) -> Order:
     kinds = {"FORWARD": "F", "FULL_BACKWARD": "B", "BACKWARD_INPUT": "I", "BACKWARD_WEIGHT": "W"}
-    ops = get_schedule_ops(name, p, m, num_stages_per_rank=stages_per_rank(name, v))
     order: Order = {}
     for rank, acts in enumerate(ops):
         flat = [sub for a in acts if a is not None for sub in (a.sub_actions or (a,))]
         order[rank] = [Action(a.stage_index, kinds[a.computation_type.name], a.microbatch_index)
                        for a in flat if a.computation_type.name in kinds]
     return order
+
+
+def zb_h1_order(p: int, m: int) -> Order:
+    """ZB-H1 (Qi et al. 2023): 1F1B with each backward split into I and W, and W passes moved
+    into the bubbles. This is torch's ``ScheduleInterleavedZeroBubble`` (which implements the
+    paper's ZB-H1, "ZB1P") given one stage per rank instead of several, built with mock stages."""
+    from unittest import mock
+
+    from torch.distributed.pipelining.schedules import ScheduleInterleavedZeroBubble
+    from torch.distributed.pipelining.stage import PipelineStage
+
+    stage = mock.create_autospec(PipelineStage, instance=True)
+    stage.group_rank, stage.group_size, stage.submod, stage.num_stages = 0, p, None, p
+    schedule = ScheduleInterleavedZeroBubble([stage], m)
+    return _from_torch([schedule.pipeline_order[r] for r in range(p)])
 
 Costs = Mapping[str, float] | Mapping[tuple[int, str], float] | Callable[[Action], float]
 
