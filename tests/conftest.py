@@ -35,3 +35,14 @@ def built_book(tmp_path_factory) -> Path:
     html = out / "_build" / "html"
     assert (html / "index.html").is_file(), log[-3000:]
     return html
+
+
+def assert_one_line_error(script: str, args: list, message: str, nproc: int = 2, timeout: float = 90) -> None:
+    """``script`` under torchrun with bad ``args`` exits non-zero with ONE ``script: error:`` line
+    containing ``message`` (every rank prints the same line; it counts once)."""
+    from ppbook import launch
+
+    r = launch.torchrun(script, args, nproc=nproc, timeout=timeout, check=False, json_result=False)
+    assert r.returncode != 0
+    errors = sorted({line for line in r.output.splitlines() if line.startswith(f"{script}: error:")})
+    assert len(errors) == 1 and message in errors[0], r.output

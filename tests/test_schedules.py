@@ -224,10 +224,9 @@ def test_all_seven_schedules_match_one_process_at_4_ranks():
     (["--microbatches", "8", "--batch-size", "12"], "not divisible by --microbatches 8"),
 ])
 def test_bad_flags_one_line_nonzero_exit(args, message):
-    r = launch.torchrun("05_schedules.py", args, nproc=2, timeout=90, check=False, json_result=False)
-    assert r.returncode != 0
-    errors = sorted({line for line in r.output.splitlines() if line.startswith("05_schedules.py: error:")})
-    assert len(errors) == 1 and message in errors[0], r.output
+    from conftest import assert_one_line_error
+
+    assert_one_line_error("05_schedules.py", args, message)
 
 
 def test_unknown_schedule_is_refused_by_argparse():

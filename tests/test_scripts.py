@@ -52,10 +52,9 @@ def test_first_pipeline_loss_falls():
     (["--steps", "0"], "--steps must be at least 1"),
 ] + ([(["--device", "cuda"], "use --device cpu")] if not __import__("torch").cuda.is_available() else []))
 def test_first_pipeline_bad_input_one_line_nonzero_exit(args, message):
-    r = launch.torchrun("01_first_pipeline.py", args, nproc=2, timeout=60, check=False, json_result=False)
-    assert r.returncode != 0
-    errors = sorted({line for line in r.output.splitlines() if line.startswith("01_first_pipeline.py: error:")})
-    assert len(errors) == 1 and message in errors[0], r.output
+    from conftest import assert_one_line_error
+
+    assert_one_line_error("01_first_pipeline.py", args, message, timeout=60)
 
 
 def test_first_pipeline_argparse_rejects_unknown_dtype():

@@ -146,3 +146,16 @@ def peak_bytes(events: list[MemoryEvent], by: str = "stage") -> dict[int, int]:
             peak = max(peak, total)
         out[key] = peak
     return out
+
+
+def held_bytes_by_rank(events: list[MemoryEvent]) -> dict[int, tuple[list[float], list[int]]]:
+    """Per rank (all its stages together): times and saved-activation bytes held after each event."""
+    out = {}
+    for rank in sorted({e.rank for e in events}):
+        mine = sorted((e for e in events if e.rank == rank), key=lambda e: e.time)
+        total, held = 0, []
+        for e in mine:
+            total += e.delta
+            held.append(total)
+        out[rank] = ([e.time for e in mine], held)
+    return out

@@ -248,3 +248,12 @@ def peak_in_flight(order: Order, by: str = "stage") -> dict[int, int]:
             held[key] = held.get(key, 0) + {"F": 1, "B": -1, "W": -1}.get(a.kind, 0)
             peak[key] = max(peak.get(key, 0), held[key])
     return dict(sorted(peak.items()))
+
+
+def messages(order: Order) -> int:
+    """Point-to-point hand-offs in one step: actions whose input comes from another rank."""
+    num_stages = 1 + max(a.stage for acts in order.values() for a in acts)
+    present = {a for acts in order.values() for a in acts}
+    rank_of = {a.stage: r for r, acts in order.items() for a in acts}
+    return sum(1 for r, acts in order.items() for a in acts
+               if (dep := _dependency(a, num_stages, present)) is not None and rank_of[dep.stage] != r)
