@@ -13,6 +13,7 @@ measured and simulated timelines.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
@@ -89,6 +90,11 @@ def torch_order(name: str, p: int, m: int, v: int = 2) -> Order:
     that is what this returns. Torch's own errors (m too small, m not a multiple of the rounds)
     pass through as ``ValueError``.
     """
+    return {rank: list(acts) for rank, acts in _torch_order(name, p, m, v).items()}  # a copy: callers may edit
+
+
+@functools.lru_cache(maxsize=256)
+def _torch_order(name: str, p: int, m: int, v: int) -> Order:  # torch builds some orders slowly (seconds at p = 8)
     if name == "1F1B":
         if m < p:
             raise ValueError(f"Number of microbatches ({m}) must be greater than or equal to the number of stages ({p}).")
