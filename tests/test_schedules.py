@@ -125,6 +125,18 @@ def test_dualpipev_bubble_is_within_the_dualpipe_table(p, f, i, w):
     assert sim >= bubble.zb_h1_bubble(p, f, i, w) - 1e-9
 
 
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("p", [2, 4])
+def test_no_order_beats_the_last_ranks_wait_for_its_first_input(name, p):
+    """In a step all ranks start together, the last rank idles (p-1) T_F before its first input
+    arrives: why ZB-H2's (p-1)(T_F + T_B - 2 T_W) needs the paper's unsynchronised optimizer step."""
+    f, i, w = 1.0, 1.0, 1.0
+    v = simulate.stages_per_rank(name)
+    idle = bubble_per_rank(simulate.torch_order(name, p, 4 * p), {"F": f / v, "I": i / v, "W": w / v, "B": (i + w) / v})
+    assert idle >= (p - 1) * f / v - 1e-9
+    assert bubble.zb_h2_bubble(p, f, i, w) < (p - 1) * f / v
+
+
 # --- activation memory -------------------------------------------------------------------------------
 @pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (3, 7)])
 def test_predicted_in_flight_gpipe_m_and_1f1b_p_minus_r(p, m):
