@@ -146,6 +146,19 @@ def test_predicted_in_flight_gpipe_m_and_1f1b_p_minus_r(p, m):
         assert max(simulate.peak_in_flight(simulate.zb_h1_order(p, m)).values()) == min(m, p)
 
 
+@pytest.mark.parametrize("p", [2, 3, 4])
+@pytest.mark.parametrize("m_per_p", [2, 4])
+def test_v_schedules_memory_per_rank_as_their_papers_say(p, m_per_p):
+    """In chunks (1/2p of the model): ZB-V holds 1F1B's 2p (p stages of two chunks); DualPipeV
+    holds DeepSeek's PP + 1 with PP = 2p."""
+    m = m_per_p * p
+    def per_rank(name):
+        return max(simulate.peak_in_flight(simulate.torch_order(name, p, m), by="rank").values())
+    assert 2 * per_rank("1F1B") == 2 * p
+    assert per_rank("ZBVZeroBubble") == 2 * p
+    assert per_rank("DualPipeV") == bubble.dualpipe_table(2 * p, 1, 2, 1)["DualPipe"]["activations"] == 2 * p + 1
+
+
 class _FakeStage:
     """What the probe touches of a PipelineStage: ``stage_index``, ``submod``, ``forward_one_chunk``."""
 
