@@ -1,6 +1,6 @@
-"""The seven schedules of ``torch.distributed.pipelining`` on one model: each one's stage
-placement, recorded timeline, step time and saved activations per stage over time, with its
-gradients checked against one process.
+"""Training one model with each of the seven schedules of ``torch.distributed.pipelining``:
+each one's stage placement, recorded timeline, step time and saved activations per stage over
+time, with its losses, gradients and SGD-updated weights checked against one process.
 
 CPU, two processes, all seven schedules in one launch (gloo):
     torchrun --standalone --nproc-per-node 2 scripts/05_schedules.py --check
@@ -41,6 +41,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--schedules", nargs="+", choices=SCHEDULES + ["all"], default=["all"],
                    help="which schedule classes to run, one after another in this launch")
     p.add_argument("--stages-per-rank", type=int, default=2, help="v, for the looped schedules")
+    p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate of the update after every step")
     args = p.parse_args(argv)
     if "all" in args.schedules:
         args.schedules = SCHEDULES
@@ -49,6 +50,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def validate(args: argparse.Namespace, world_size: int) -> None:
     ex.validate_common(args, world_size)
+    if args.lr < 0:
+        raise ValueError(f"--lr must be at least 0, got {args.lr}")
     for name in args.schedules:  # torch's own errors come mid-way, or never (a wrong placement)
         problem = simulate.schedule_problem(name, world_size, args.microbatches, args.stages_per_rank, args.layers)
         if problem:
@@ -76,16 +79,30 @@ def build(name: str, full, args, info, probes) -> tuple:
 # [end-build]
 
 
-def run_schedule(name, full, reference, ref_loss, tokens, targets, args, info) -> dict | None:
+def train_reference(full, args, n_steps: int) -> tuple:
+    """One process, the same batches cut into the same m microbatches, the same SGD updates:
+    every schedule's last loss, gradients and weights must equal these."""
+    model = copy.deepcopy(full)
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr)
+    for i in range(n_steps):
+        opt.zero_grad(set_to_none=True)
+        loss = ex.reference_backward(model, *ex.make_batch(args, i, next(model.parameters()).device), args.microbatches)
+        opt.step()
+    return model, loss
+
+
+def run_schedule(name, full, reference, ref_loss, args, info) -> dict | None:
     rec, probe = timeline.Recorder(info.rank), activations.ActivationProbe(info.rank)
     schedule, mods, indices, num_stages = build(name, full, args, info, [rec, probe])
     holds = {"holds_first": 0 in indices, "holds_last": num_stages - 1 in indices}
+    opt = torch.optim.SGD([p for mod in mods for p in mod.parameters()], lr=args.lr)  # this rank's stages
     losses = []
 
     def step():
-        for mod in mods:
-            mod.zero_grad(set_to_none=True)
+        opt.zero_grad(set_to_none=True)
+        tokens, targets = ex.make_batch(args, len(losses), info.device)  # (B, T) each, a new batch each step
         losses.append(ex.schedule_step(schedule, info, tokens, targets, **holds))
+        opt.step()
 
     records = ex.timed_steps(step, rec, args.warmup, args.steps, info.device)
     # one more step with the probe counting saved tensors (its hooks cost time, so not timed)
@@ -96,8 +113,11 @@ def run_schedule(name, full, reference, ref_loss, tokens, targets, args, info) -
     step()
     rows = gather_to_rank0((timeline.to_json(rec.events), activations.to_json(probe.events)))
     loss = ex.mean_loss(losses[-1]) if holds["holds_last"] else None
+    diffs = [ex.compare(mod, reference) for mod in mods]
     check = gather_to_rank0({"rank": info.rank, "stages": indices, "loss": loss,
-                             "max_grad_diff": max(ex.compare(mod, reference)["max_grad_diff"] for mod in mods)})
+                             "losses": [ex.mean_loss(mb) for mb in losses] if holds["holds_last"] else None,
+                             "max_grad_diff": max(d["max_grad_diff"] for d in diffs),
+                             "max_weight_diff": max(d["max_weight_diff"] for d in diffs)})
     if info.rank != 0:
         return None
     events = [e for r in rows for e in timeline.from_json(r[0])]
@@ -105,10 +125,12 @@ def run_schedule(name, full, reference, ref_loss, tokens, targets, args, info) -
     t0 = min(e.start for e in events)
     pipeline_loss = next(c["loss"] for c in check if c["loss"] is not None)
     tol = ex.tolerance(args.dtype)
-    ok = abs(pipeline_loss - ref_loss) <= tol and all(c["max_grad_diff"] <= tol for c in check)
+    ok = abs(pipeline_loss - ref_loss) <= tol and all(max(c["max_grad_diff"], c["max_weight_diff"]) <= tol for c in check)
     return {"schedule": name, "num_stages": num_stages, "placement": {c["rank"]: c["stages"] for c in check},
             "match": ok, "loss": pipeline_loss, "reference_loss": ref_loss,
             "max_grad_diff": max(c["max_grad_diff"] for c in check),
+            "max_weight_diff": max(c["max_weight_diff"] for c in check), "steps_trained": len(losses),
+            "losses": next(c["losses"] for c in check if c["losses"] is not None),  # one per step trained
             "memory": {"events": timeline.to_json([timeline.Event(e.rank, e.stage, e.kind, e.microbatch,
                                                                   e.start - t0, e.end - t0) for e in events]),
                        "saved": activations.to_json([activations.MemoryEvent(e.rank, e.stage, e.microbatch,
@@ -122,10 +144,9 @@ def run_schedule(name, full, reference, ref_loss, tokens, targets, args, info) -
 
 def body(args: argparse.Namespace, info) -> int:
     full = ex.full_model(args, info.device)  # identical on every rank
-    tokens, targets = ex.make_batch(args, 0, info.device)  # (B, T) each
-    reference = copy.deepcopy(full)  # one process, same m microbatches: every schedule must match it
-    ref_loss = ex.reference_backward(reference, tokens, targets, args.microbatches)
-    runs = [run_schedule(name, full, reference, ref_loss, tokens, targets, args, info)
+    # every schedule trains from the same weights for warmup + timed steps + the probed step
+    reference, ref_loss = train_reference(full, args, args.warmup + args.steps + 1)
+    runs = [run_schedule(name, full, reference, ref_loss, args, info)
             for name in tqdm(args.schedules, desc="schedules", disable=info.rank != 0)]
     if info.rank != 0:
         return 0
@@ -134,7 +155,8 @@ def body(args: argparse.Namespace, info) -> int:
         print(f"{r['schedule']:>21}  step {r['median_step_seconds'] * 1e3:7.1f} ms   "
               f"peak microbatches held per stage {inflight:<24} {'MATCH' if r['match'] else 'MISMATCH'}")
     ok = all(r["match"] for r in runs)
-    print("MATCH: every schedule's loss and gradients equal the one-process run" if ok else "MISMATCH in at least one run")
+    print("MATCH: every schedule's losses, gradients and updated weights equal the one-process run" if ok
+          else "MISMATCH in at least one run")
     ex.write_json(args.json, {"world_size": info.world_size, "microbatches": args.microbatches,
                               "stages_per_rank": args.stages_per_rank, "batch_size": args.batch_size,
                               "layers": args.layers, "dim": args.dim, "seq_len": args.seq_len, "dtype": args.dtype,

@@ -207,6 +207,7 @@ def check_run(data: dict, p: int):
     for run in data["runs"]:
         name = run["schedule"]
         assert run["match"] and run["max_grad_diff"] < 1e-12 and abs(run["loss"] - run["reference_loss"]) < 1e-12, name
+        assert run["max_weight_diff"] < 1e-12 and run["steps_trained"] == len(run["losses"]) == 2, name  # SGD updates
         order = simulate.torch_order(name, p, m, data["stages_per_rank"])
         # the order each rank ran, recorded, is the order the simulator was given
         events = timeline.from_json(run["memory"]["events"])
@@ -247,6 +248,7 @@ def test_all_seven_schedules_match_one_process_at_4_ranks():
     (["--schedules", "LoopedBFS", "--layers", "3"], "raise --layers to 4"),
     (["--schedules", "LoopedBFS", "--stages-per-rank", "1"], "at least 2 stages per rank"),
     (["--microbatches", "8", "--batch-size", "12"], "not divisible by --microbatches 8"),
+    (["--lr", "-1"], "--lr must be at least 0"),
 ])
 def test_bad_flags_one_line_nonzero_exit(args, message):
     from conftest import assert_one_line_error
