@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: book book-cached test test-fast bench browser-deps clean
+.PHONY: book book-cached test test-fast bench bench-schedules browser-deps clean
 
 $(STAMP): requirements.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] >= (3, 10) else "ppbook needs Python >= 3.10 (3.11 recommended), found " + sys.version.split()[0])'
@@ -41,6 +41,10 @@ test-fast: $(STAMP)
 # from-scratch GPipe vs ScheduleGPipe step time.
 bench: $(STAMP)
 	$(BIN)/python tools/bench_gpipe.py
+
+# The seven schedules of chapter 5: measured step time vs the simulator's prediction (target 10%).
+bench-schedules: $(STAMP)
+	$(BIN)/python tools/bench_schedules.py
 
 clean:
 	rm -rf _build

@@ -38,7 +38,16 @@ def built_book(tmp_path_factory) -> Path:
 
 
 def assert_one_error_line(result, script: str, message: str) -> None:
-    """Bad input: a non-zero exit and exactly one distinct ``<script>: error:`` line, saying ``message``."""
+    """Bad input: a non-zero exit and exactly one distinct ``<script>: error:`` line, saying ``message``
+    (every rank prints the same line; it counts once)."""
     assert result.returncode != 0
     errors = sorted({line for line in result.output.splitlines() if line.startswith(f"{script}: error:")})
     assert len(errors) == 1 and message in errors[0], result.output
+
+
+def assert_one_line_error(script: str, args: list, message: str, nproc: int = 2, timeout: float = 90) -> None:
+    """``script`` under torchrun with bad ``args``: see :func:`assert_one_error_line`."""
+    from ppbook import launch
+
+    r = launch.torchrun(script, args, nproc=nproc, timeout=timeout, check=False, json_result=False)
+    assert_one_error_line(r, script, message)

@@ -93,20 +93,25 @@ def run(script: str, args: argparse.Namespace, validate: Callable[[argparse.Name
         ppdist.teardown()
 
 
-def schedule_step(schedule, info: ppdist.DistInfo, tokens, targets, forward_only: bool = False) -> list[torch.Tensor]:
+def schedule_step(schedule, info: ppdist.DistInfo, tokens, targets, forward_only: bool = False,
+                  holds_first: bool | None = None, holds_last: bool | None = None) -> list[torch.Tensor]:
     """One ``schedule.step`` from any rank; returns the per-microbatch losses (last stage only).
 
-    Only the first stage is given the input and only the last stage the targets (in one process,
-    a one-stage pipeline, both); the ranks in between take part with neither. With
-    ``forward_only`` it calls ``schedule.eval`` instead (no backward; chapter 6).
+    Only the rank holding the first stage is given the input and only the one holding the last
+    stage the targets (in one process, a one-stage pipeline, both); the ranks in between take part
+    with neither. By default rank 0 holds the first stage and the last rank the last;
+    ``holds_first``/``holds_last`` say otherwise (a V-shaped schedule puts both on rank 0).
+    With ``forward_only`` it calls ``schedule.eval`` instead (no backward; chapter 6).
     """
+    first = info.is_first if holds_first is None else holds_first
+    last = info.is_last if holds_last is None else holds_last
     losses: list[torch.Tensor] = []
     run = schedule.eval if forward_only else schedule.step
-    if info.is_first and info.is_last:
+    if first and last:
         run(tokens, target=targets, losses=losses)
-    elif info.is_first:
+    elif first:
         run(tokens)
-    elif info.is_last:
+    elif last:
         run(target=targets, losses=losses)
     else:
         run()
@@ -221,8 +226,10 @@ def summarise_steps(records: list[dict]) -> dict:
 def step_summary(events: list, seconds: float) -> dict:
     """One measured step: its busy fractions and the simulator inputs measured on it alone."""
     latency = timeline.comm_latency(events)
+    t0, t1 = timeline.span(events)
     return {
         "seconds": seconds,
+        "span": t1 - t0,
         "busy": {str(r): b for r, b in timeline.busy_fractions(events).items()},
         "costs": {f"{s}{k}": c for (s, k), c in timeline.mean_costs(events).items()},
         "handoffs": timeline.handoff_delays(events),
@@ -240,6 +247,23 @@ def simulator_inputs(run: dict) -> dict:
             "overhead": {key(k): v for k, v in run["overheads"].items()}}
 
 
+def _simulated_steps(run: dict, order: simulate.Order, draws: int, seed: int):
+    """Yield (measured step summary, simulated events), ``draws`` simulations per measured step,
+    each from what was measured on that step alone (see :func:`predicted_vs_measured`)."""
+    rng = random.Random(seed)
+    for step in run["steps"]:
+        inputs = simulator_inputs(step)
+        handoffs = step["handoffs"] or [inputs["latency"]]
+        gaps = {(int(k[:-1]), k[-1]): v for k, v in step["gaps"].items()}
+
+        def gap(action):
+            return rng.choice(gaps[(action.stage, action.kind)]) if (action.stage, action.kind) in gaps else 0.0
+
+        for _ in range(draws):
+            yield step, simulate.simulate(order, inputs["costs"], overhead=gap,
+                                          latency=lambda sent, received: rng.choice(handoffs))
+
+
 def predicted_vs_measured(run: dict, order: simulate.Order, draws: int = 50, seed: int = 0) -> tuple[float, float]:
     """Mean busy fraction over ranks and measured steps: (measured, simulated).
 
@@ -250,19 +274,17 @@ def predicted_vs_measured(run: dict, order: simulate.Order, draws: int = 50, see
     shared CPU host gaps and hand-offs have long tails, and typical (median) values would hide
     them; ``draws`` Monte-Carlo runs average over the tails.
     """
-    rng = random.Random(seed)
-    measured, predicted = [], []
-    for step in run["steps"]:
-        inputs = simulator_inputs(step)
-        handoffs = step["handoffs"] or [inputs["latency"]]
-        gaps = {(int(k[:-1]), k[-1]): v for k, v in step["gaps"].items()}
+    measured = [sum(step["busy"].values()) / len(step["busy"]) for step in run["steps"]]
+    predicted = [sum(timeline.busy_fractions(events).values()) / len(step["busy"])
+                 for step, events in _simulated_steps(run, order, draws, seed)]
+    return sum(measured) / len(measured), sum(predicted) / len(predicted)
 
-        def gap(action):
-            return rng.choice(gaps[(action.stage, action.kind)]) if (action.stage, action.kind) in gaps else 0.0
 
-        for _ in range(draws):
-            events = simulate.simulate(order, inputs["costs"], overhead=gap,
-                                       latency=lambda sent, received: rng.choice(handoffs))
-            predicted.append(sum(timeline.busy_fractions(events).values()) / len(step["busy"]))
-        measured.append(sum(step["busy"].values()) / len(step["busy"]))
+def predicted_step_time(run: dict, order: simulate.Order, draws: int = 50, seed: int = 0) -> tuple[float, float]:
+    """Mean step time over the measured steps, from the first action's start to the last one's
+    end: (measured, simulated), simulated as in :func:`predicted_vs_measured`.
+    Introduced in chapter 5 ("The schedules")."""
+    measured = [step["span"] for step in run["steps"]]
+    predicted = [timeline.span(events)[1] - timeline.span(events)[0]
+                 for _, events in _simulated_steps(run, order, draws, seed)]
     return sum(measured) / len(measured), sum(predicted) / len(predicted)

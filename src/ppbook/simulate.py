@@ -13,6 +13,7 @@ measured and simulated timelines.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
@@ -22,7 +23,7 @@ from ppbook.timeline import Event
 @dataclass(frozen=True)
 class Action:
     stage: int
-    kind: str  # "F" or "B" (later: "I", "W")
+    kind: str  # "F", "B" (full backward), "I" (input gradient) or "W" (weight gradient)
     microbatch: int
 
     def __str__(self) -> str:
@@ -53,6 +54,80 @@ def one_f_one_b_order(p: int, m: int) -> Order:
 
 SCHEDULES: dict[str, Callable[[int, int], Order]] = {"GPipe": gpipe_order, "1F1B": one_f_one_b_order}
 
+# The seven schedule classes of torch.distributed.pipelining 2.13, with how many stages each
+# rank holds and where: "single" (stage r on rank r), "loop" (r, r + p, ...), "v" (r and 2p-1-r).
+# Introduced in chapter 5 ("The schedules").
+TORCH_SCHEDULES: dict[str, str] = {
+    "GPipe": "single", "1F1B": "single", "Interleaved1F1B": "loop", "LoopedBFS": "loop",
+    "InterleavedZeroBubble": "loop", "ZBVZeroBubble": "v", "DualPipeV": "v",
+}
+
+
+def stage_indices(name: str, rank: int, p: int, v: int = 2) -> list[int]:
+    """The stages rank ``rank`` of ``p`` holds under schedule ``name`` (``v`` stages per rank for
+    the looped ones; the V-shaped ones always hold two)."""
+    placement = TORCH_SCHEDULES[name]
+    if placement == "single":
+        return [rank]
+    if placement == "loop":
+        return [rank + i * p for i in range(v)]
+    return [rank, 2 * p - 1 - rank]
+
+
+def stages_per_rank(name: str, v: int = 2) -> int:
+    return {"single": 1, "loop": v, "v": 2}[TORCH_SCHEDULES[name]]
+
+
+def torch_order(name: str, p: int, m: int, v: int = 2) -> Order:
+    """Each rank's compute actions, in order, as torch's schedule class ``Schedule<name>`` builds
+    them (with mock stages: no process group). An overlapped forward-backward of DualPipeV
+    becomes its two sub-actions, which the runtime runs one after the other; communication and
+    gradient-reduction actions are left out.
+
+    ``Schedule1F1B`` is the exception: torch 2.13 describes it with ``_get_pipeline_order``,
+    which is wrong for every rank but 0 (rank 1 at m = 4 starts with ``1F1`` and lists a
+    microbatch 4 that does not exist), while its ``step`` runs :func:`one_f_one_b_order`; so
+    that is what this returns. Torch's own errors (m too small, m not a multiple of the rounds)
+    pass through as ``ValueError``.
+    """
+    return {rank: list(acts) for rank, acts in _torch_order(name, p, m, v).items()}  # a copy: callers may edit
+
+
+@functools.lru_cache(maxsize=256)
+def _torch_order(name: str, p: int, m: int, v: int) -> Order:  # torch builds some orders slowly (seconds at p = 8)
+    if name == "1F1B":
+        if m < p:
+            raise ValueError(f"Number of microbatches ({m}) must be greater than or equal to the number of stages ({p}).")
+        return one_f_one_b_order(p, m)
+    from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
+
+    return _from_torch(get_schedule_ops(name, p, m, num_stages_per_rank=stages_per_rank(name, v)))
+
+
+def _from_torch(ops) -> Order:
+    kinds = {"FORWARD": "F", "FULL_BACKWARD": "B", "BACKWARD_INPUT": "I", "BACKWARD_WEIGHT": "W"}
+    order: Order = {}
+    for rank, acts in enumerate(ops):
+        flat = [sub for a in acts if a is not None for sub in (a.sub_actions or (a,))]
+        order[rank] = [Action(a.stage_index, kinds[a.computation_type.name], a.microbatch_index)
+                       for a in flat if a.computation_type.name in kinds]
+    return order
+
+
+def zb_h1_order(p: int, m: int) -> Order:
+    """ZB-H1 (Qi et al. 2023): 1F1B with each backward split into I and W, and W passes moved
+    into the bubbles. This is torch's ``ScheduleInterleavedZeroBubble`` (which implements the
+    paper's ZB-H1, "ZB1P") given one stage per rank instead of several, built with mock stages."""
+    from unittest import mock
+
+    from torch.distributed.pipelining.schedules import ScheduleInterleavedZeroBubble
+    from torch.distributed.pipelining.stage import PipelineStage
+
+    stage = mock.create_autospec(PipelineStage, instance=True)
+    stage.group_rank, stage.group_size, stage.submod, stage.num_stages = 0, p, None, p
+    schedule = ScheduleInterleavedZeroBubble([stage], m)
+    return _from_torch([schedule.pipeline_order[r] for r in range(p)])
+
 Costs = Mapping[str, float] | Mapping[tuple[int, str], float] | Callable[[Action], float]
 
 
@@ -68,13 +143,18 @@ def _cost_fn(costs: Costs) -> Callable[[Action], float]:
     return cost
 
 
-def _dependency(a: Action, num_stages: int) -> Action | None:
+def _dependency(a: Action, num_stages: int, present: set[Action] | None = None) -> Action | None:
     if a.kind == "F":
         return Action(a.stage - 1, "F", a.microbatch) if a.stage > 0 else None
     if a.kind in ("B", "I"):
         if a.stage == num_stages - 1:
             return Action(a.stage, "F", a.microbatch)  # the loss needs this stage's own forward
-        return Action(a.stage + 1, a.kind if a.kind == "B" else "I", a.microbatch)
+        # the input gradient of the next stage, from its full backward or its input-grad pass
+        # (DualPipeV mixes both kinds)
+        dep = Action(a.stage + 1, a.kind, a.microbatch)
+        if present is not None and dep not in present:
+            dep = Action(a.stage + 1, "I" if a.kind == "B" else "B", a.microbatch)
+        return dep
     if a.kind == "W":
         return Action(a.stage, "I", a.microbatch)
     raise ValueError(f"unknown action kind {a.kind!r}")
@@ -104,6 +184,7 @@ def simulate(order: Order, costs: Costs, latency: float | Callable[[Action, Acti
             except KeyError:
                 return 0.0
     num_stages = 1 + max(a.stage for acts in order.values() for a in acts)
+    present = {a for acts in order.values() for a in acts}
     rank_of = {a.stage: r for r, acts in order.items() for a in acts}
     done: dict[Action, Event] = {}
     position = {r: 0 for r in order}
@@ -114,7 +195,7 @@ def simulate(order: Order, costs: Costs, latency: float | Callable[[Action, Acti
         for r, acts in order.items():
             while position[r] < len(acts):
                 a = acts[position[r]]
-                dep = _dependency(a, num_stages)
+                dep = _dependency(a, num_stages, present)
                 if dep is not None and dep not in done:
                     break
                 hop = 0.0 if dep is None or rank_of[dep.stage] == r else \
@@ -130,3 +211,55 @@ def simulate(order: Order, costs: Costs, latency: float | Callable[[Action, Acti
             stuck = {r: str(acts[position[r]]) for r, acts in order.items() if position[r] < len(acts)}
             raise ValueError(f"schedule deadlocks: each rank waits on an action no rank can run: {stuck}")
     return sorted(done.values(), key=lambda e: (e.start, e.rank))
+
+
+def schedule_problem(name: str, p: int, m: int, v: int = 2, layers: int | None = None) -> str | None:
+    """Why torch's ``Schedule<name>`` cannot run ``m`` microbatches on ``p`` ranks (``v`` stages
+    per rank for the looped schedules), as one line that says how to fix it; ``None`` if it can.
+
+    Torch 2.13 raises some of these itself, mid-way through building the schedule, in its own
+    words; a wrong stage placement it does not check at all.
+    """
+    placement = TORCH_SCHEDULES[name]
+    if placement == "loop" and v < 2:
+        return f"{name} needs at least 2 stages per rank, got --stages-per-rank {v}; use 2 or more, or Schedule1F1B"
+    total = p * stages_per_rank(name, v)
+    if layers is not None and layers < total:
+        return (f"{name} on {p} processes has {total} stages of at least one layer each, but --layers is {layers}; "
+                f"raise --layers to {total} or more")
+    if name == "1F1B" and m < p:
+        return f"Schedule1F1B needs at least as many microbatches as stages ({p}), got --microbatches {m}; use {p} or more"
+    if name == "DualPipeV" and m < total:
+        return (f"ScheduleDualPipeV needs at least as many microbatches as stages (2 x {p} = {total}), "
+                f"got --microbatches {m}; use {total} or more")
+    if name in ("Interleaved1F1B", "InterleavedZeroBubble"):
+        rounds = max(1, m // p)
+        if m % rounds:
+            ok = sorted({k for k in range(1, 4 * m + 1) if k % max(1, k // p) == 0} - {m}, key=lambda k: abs(k - m))[:2]
+            return (f"Schedule{name} splits the microbatches into m // p = {rounds} rounds of equal size, so "
+                    f"--microbatches {m} must be a multiple of {rounds}; try {' or '.join(map(str, sorted(ok)))}")
+    return None
+
+
+def peak_in_flight(order: Order, by: str = "stage") -> dict[int, int]:
+    """Per stage (or per rank, ``by="rank"``, counting a microbatch once per stage it is held on), the most microbatches whose activations it holds at once under ``order``: from
+    a microbatch's forward until the pass that frees its saved tensors (a full backward ``B``, or
+    the weight-gradient pass ``W`` that follows an ``I``). A rank runs its actions one at a time,
+    so this follows from the order alone, whatever the timings."""
+    held: dict[int, int] = {}
+    peak: dict[int, int] = {}
+    for rank, acts in order.items():
+        for a in acts:
+            key = a.stage if by == "stage" else rank
+            held[key] = held.get(key, 0) + {"F": 1, "B": -1, "W": -1}.get(a.kind, 0)
+            peak[key] = max(peak.get(key, 0), held[key])
+    return dict(sorted(peak.items()))
+
+
+def messages(order: Order) -> int:
+    """Point-to-point hand-offs in one step: actions whose input comes from another rank."""
+    num_stages = 1 + max(a.stage for acts in order.values() for a in acts)
+    present = {a for acts in order.values() for a in acts}
+    rank_of = {a.stage: r for r, acts in order.items() for a in acts}
+    return sum(1 for r, acts in order.items() for a in acts
+               if (dep := _dependency(a, num_stages, present)) is not None and rank_of[dep.stage] != r)

@@ -156,8 +156,8 @@ def comm_latency(events: list[Event]) -> float:
 def _dependency_of(e: Event, by_key: dict) -> Event | None:
     if e.kind == "F":
         return by_key.get((e.stage - 1, "F", e.microbatch))
-    if e.kind == "B":
-        return by_key.get((e.stage + 1, "B", e.microbatch))
+    if e.kind in ("B", "I"):  # the next stage's input gradient, from its full or input-only backward
+        return by_key.get((e.stage + 1, "B", e.microbatch)) or by_key.get((e.stage + 1, "I", e.microbatch))
     return None
 
 
