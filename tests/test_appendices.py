@@ -1,0 +1,68 @@
+"""Appendices: the migration example against one process, and every troubleshooting mistake
+failing with torch's exact message (each launch under a timeout: a hang is a failure)."""
+
+import pytest
+
+from ppbook import errors, launch
+
+pytestmark = pytest.mark.torchrun
+
+# (mistake, extra flags, failing rank, exception type, text of torch 2.13's message)
+MISTAKES = [
+    ("indivisible", [], 1, "ValueError", "Expected input batch_size (16) to match target batch_size (8)."),
+    ("too-few-microbatches", [], 0, "ValueError",
+     "Number of microbatches (1) must be greater than or equal to the number of stages (2)."),
+    ("wrong-v-placement", [], None, "RuntimeError", "DefaultCPUAllocator: can't allocate memory: you tried to allocate"),
+    ("shape-mismatch", [], 1, "RuntimeError",
+     "Given normalized_shape=[32], expected input with shape [*, 32], but got input of size[2, 8, 16]"),
+    ("target-positional", [], 0, "TypeError", "GPT.forward() takes 2 positional arguments but 3 were given"),
+    ("no-target", [], 1, "PipeliningMetadataError", "Stage 1: loss_fn and target required for last stage"),
+    ("hang", ["--timeout", "5"], None, "RuntimeError", "Timed out waiting 5000ms for recv operation to complete"),
+]
+
+
+@pytest.mark.parametrize("mistake,extra,rank,kind,message", MISTAKES, ids=[m[0] for m in MISTAKES])
+def test_troubleshooting_mistake_fails_with_torchs_message(mistake, extra, rank, kind, message):
+    r = launch.torchrun("a3_troubleshooting.py", ["--mistake", mistake, *extra], nproc=2, timeout=300,
+                        check=False, json_result=False)
+    assert r.returncode != 0, r.output
+    culprit, culprit_kind, culprit_message = errors.root_cause(r.output)
+    assert culprit_kind == kind and message in culprit_message, r.output
+    if rank is not None:
+        assert culprit == rank, r.output
+    # every other rank made the same mistake or failed only because it lost its peer
+    for other, (_, msg) in errors.rank_errors(r.output).items():
+        assert message in msg or any(c in msg for c in errors.CONSEQUENCES), r.output
+
+
+def test_troubleshooting_hang_leaves_a_flight_record_per_rank():
+    r = launch.torchrun("a3_troubleshooting.py", ["--mistake", "hang", "--timeout", "5"], nproc=2, timeout=300,
+                        check=False, json_result=False)
+    records = sorted(line for line in r.output.splitlines() if line.startswith("[flight record]"))
+    assert records[0].startswith("[flight record] rank 0, step 1: completed 0F0 0F1 0F2 0F3;"), r.output
+    assert any(line.startswith("[flight record] rank 1, step 1: completed nothing;") for line in records), r.output
+
+
+@pytest.mark.parametrize("mistake", ["none", "target-not-last"])
+def test_troubleshooting_correct_setups_complete(mistake):
+    r = launch.torchrun("a3_troubleshooting.py", ["--mistake", mistake], nproc=2, timeout=300)
+    assert r.data == {"mistake": mistake, "completed": True}
+
+
+def test_troubleshooting_refuses_other_world_sizes_in_one_line():
+    r = launch.python("a3_troubleshooting.py", ["--mistake", "none"], timeout=120, check=False, json_result=False)
+    assert r.returncode == 2
+    assert [line for line in r.output.splitlines() if "error:" in line] == [
+        "a3_troubleshooting.py: error: every mistake is staged on exactly 2 processes, got 1; use --nproc-per-node 2"]
+
+
+def test_rank_errors_and_root_cause_skip_consequences():
+    output = ("[rank0]: RuntimeError: [/x/pair.cc:553] Connection closed by peer [127.0.0.1]:1. GLHF\n"
+              "[rank1]: Traceback (most recent call last):\n"
+              "[rank1]: torch.distributed.pipelining._utils.PipeliningMetadataError: Stage 1: no target\n")
+    assert errors.rank_errors(output) == {
+        0: ("RuntimeError", "[/x/pair.cc:553] Connection closed by peer [127.0.0.1]:1. GLHF"),
+        1: ("PipeliningMetadataError", "Stage 1: no target")}
+    assert errors.root_cause(output) == (1, "PipeliningMetadataError", "Stage 1: no target")
+    assert errors.without_source_path("[/x/pair.cc:553] Connection closed") == "Connection closed"
+    assert errors.root_cause("no error here") is None
