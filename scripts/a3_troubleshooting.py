@@ -1,4 +1,4 @@
-"""Make one common pipelining mistake on purpose and let torch 2.13 report it (appendix C).
+"""Make one common pipelining mistake on purpose and let torch 2.13 report it (book/a3_troubleshooting.md).
 
 Each ``--mistake`` breaks exactly one rule and skips the book's own argument checks, so what
 you see is torch's own message, the one you would meet in your own code. CPU, two processes:

@@ -66,3 +66,85 @@ def test_rank_errors_and_root_cause_skip_consequences():
     assert errors.root_cause(output) == (1, "PipeliningMetadataError", "Stage 1: no target")
     assert errors.without_source_path("[/x/pair.cc:553] Connection closed") == "Connection closed"
     assert errors.root_cause("no error here") is None
+
+
+# --- appendix A: the migration example ---------------------------------------------------------
+def assert_equivalent(data: dict):
+    """The migrated pipeline computes what the one-process model computes, to the last bit."""
+    assert data["match"], data
+    assert data["pipeline_losses"] == data["reference_losses"]
+    assert data["max_output_diff"] == 0.0
+    for stage in data["stages"]:
+        assert stage["max_grad_diff"] == 0.0 and stage["max_weight_diff"] == 0.0, stage
+
+
+@pytest.mark.parametrize("checkpoint", ["never", "always"])
+def test_migration_after_matches_one_process(checkpoint):
+    # the blog's Pipe(model, chunks=4, balance=[1, 1], devices=[0, 1]), migrated
+    r = launch.torchrun("a1_migrate.py", ["--chunks", "4", "--balance", "1", "1", "--checkpoint", checkpoint,
+                                          "--check"], nproc=2, timeout=300)
+    assert r.data["layers_per_stage"] == [[0], [1]] and r.data["chunks"] == 4
+    assert_equivalent(r.data)
+
+
+def test_migration_uneven_balance_on_three_processes():
+    r = launch.torchrun("a1_migrate.py", ["--layers", "5", "--balance", "2", "1", "2", "--chunks", "8",
+                                          "--check", "--dtype", "float64"], nproc=3, timeout=300)
+    assert r.data["layers_per_stage"] == [[0, 1], [2], [3, 4]]
+    assert_equivalent(r.data)
+
+
+def test_migration_one_process_without_torchrun():
+    r = launch.python("a1_migrate.py", ["--balance", "2", "--check"], timeout=120)
+    assert r.data["world_size"] == 1
+    assert_equivalent(r.data)
+
+
+def test_migration_balance_maps_to_stage_layers():
+    from importlib import util
+
+    spec = util.spec_from_file_location("a1_migrate", launch.script_path("a1_migrate.py"))
+    a1 = util.module_from_spec(spec)
+    spec.loader.exec_module(a1)
+    assert a1.layers_of_stages([1, 1], 2, 2) == [[0], [1]]
+    assert a1.layers_of_stages([3, 1, 2], 6, 3) == [[0, 1, 2], [3], [4, 5]]
+    assert a1.layers_of_stages(None, 5, 2) == [[0, 1, 2], [3, 4]]  # no balance: ppbook.stages.assign_layers
+
+
+@pytest.mark.parametrize("args,nproc,message", [
+    (["--balance", "1", "1", "1"], 2, "--balance has 3 entries but there are 2 processes"),
+    (["--balance", "1", "2"], 2, "must give every one of the 2 layers to a stage"),
+    (["--chunks", "3"], 2, "--batch-size 16 is not divisible by --chunks 3"),
+    (["--checkpoint", "except_last"], 2, "--checkpoint except_last has no equivalent today"),
+])
+def test_migration_bad_old_arguments_get_one_line(args, nproc, message):
+    r = launch.torchrun("a1_migrate.py", args, nproc=nproc, timeout=120, check=False, json_result=False)
+    assert r.returncode != 0
+    lines = sorted({line for line in r.output.splitlines() if line.startswith("a1_migrate.py: error:")})
+    assert len(lines) == 1 and message in lines[0], r.output
+
+
+# --- reader experience: notebooks for Colab and download, never committed under book/ -------------
+def test_every_notebook_page_becomes_a_valid_ipynb(tmp_path):
+    import importlib.util
+
+    import jupytext
+    import nbformat
+
+    from conftest import ROOT
+
+    spec = importlib.util.spec_from_file_location("make_notebooks", ROOT / "tools" / "make_notebooks.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    pages = tool.notebook_pages()
+    assert {p.stem for p in pages} >= {"01_first_pipeline", "a1_migrating_from_pipe", "a2_myths", "a3_troubleshooting"}
+    written = tool.write_notebooks(tmp_path)
+    assert [w.stem for w in written] == [p.stem for p in pages]
+    for page, path in zip(pages, written):
+        nb = nbformat.read(path, as_version=4)
+        nbformat.validate(nb)
+        source = jupytext.read(page)
+        assert [c.source for c in nb.cells if c.cell_type == "code"] == \
+               [c.source for c in source.cells if c.cell_type == "code"]
+        assert nb.metadata["kernelspec"]["name"] == "python3"
+    assert not list((ROOT / "book").glob("*.ipynb"))  # generated elsewhere, never beside the sources

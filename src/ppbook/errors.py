@@ -1,6 +1,6 @@
 """Read the errors out of a failed torchrun launch: which rank raised what, and which rank started it.
 
-Introduced in appendix C ("Troubleshooting"); its tests use it too.
+Introduced in the troubleshooting appendix (book/a3_troubleshooting.md); its tests use it too.
 
 torchrun prefixes every line a rank writes to stderr with ``[rankN]:`` and ends with a summary
 whose "Root Cause (first observed failure)" is simply the first process it saw exit, not
