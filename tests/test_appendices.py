@@ -101,11 +101,7 @@ def test_migration_one_process_without_torchrun():
 
 
 def test_migration_balance_maps_to_stage_layers():
-    from importlib import util
-
-    spec = util.spec_from_file_location("a1_migrate", launch.script_path("a1_migrate.py"))
-    a1 = util.module_from_spec(spec)
-    spec.loader.exec_module(a1)
+    a1 = launch.load_script("a1_migrate.py")
     assert a1.layers_of_stages([1, 1], 2, 2) == [[0], [1]]
     assert a1.layers_of_stages([3, 1, 2], 6, 3) == [[0, 1, 2], [3], [4, 5]]
     assert a1.layers_of_stages(None, 5, 2) == [[0, 1, 2], [3, 4]]  # no balance: ppbook.stages.assign_layers
