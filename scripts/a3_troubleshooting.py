@@ -3,7 +3,7 @@
 Each ``--mistake`` breaks exactly one rule and skips the book's own argument checks, so what
 you see is torch's own message, the one you would meet in your own code. CPU, two processes:
     torchrun --standalone --nproc-per-node 2 scripts/a3_troubleshooting.py --mistake indivisible
-    torchrun --standalone --nproc-per-node 2 scripts/a3_troubleshooting.py --mistake hang --timeout 5
+    torchrun --standalone --nproc-per-node 2 scripts/a3_troubleshooting.py --mistake hang --timeout 5 --dump-dir /tmp
     TORCH_LOGS=+pp torchrun --standalone --nproc-per-node 2 scripts/a3_troubleshooting.py --mistake hang --timeout 5
 Every mistake exits non-zero; ``--mistake none`` is the same pipeline done right and exits 0
 (so is ``target-not-last``: a target given to a rank that is not last is ignored).
@@ -12,15 +12,16 @@ Every mistake exits non-zero; ``--mistake none`` is the same pipeline done right
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import sys
 
 import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleZBVZeroBubble
 
+from ppbook import errors, timeline
 from ppbook import experiment as ex
 from ppbook.stages import stage_module
-from ppbook.timeline import Recorder
 
 MISTAKES = ("none", "indivisible", "too-few-microbatches", "wrong-v-placement", "shape-mismatch",
             "target-not-last", "target-positional", "no-target", "hang")
@@ -31,6 +32,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ex.add_common_args(p, batch_size=8, seq_len=8, layers=4, dim=16)
     p.add_argument("--mistake", choices=MISTAKES, required=True, help="which rule to break")
+    p.add_argument("--dump-dir", default=None, help="hang: each rank writes what it completed to DIR/rankN.json")
     return p.parse_args(argv)
 
 
@@ -38,6 +40,8 @@ def validate(args: argparse.Namespace, num_stages: int) -> None:
     # deliberately NOT ex.validate_common: it would refuse the mistakes before torch sees them
     if num_stages != 2:
         raise ValueError(f"every mistake is staged on exactly 2 processes, got {num_stages}; use --nproc-per-node 2")
+    if args.dump_dir and not os.path.isdir(args.dump_dir):
+        raise ValueError(f"--dump-dir {args.dump_dir} does not exist; create it first")
     if args.batch_size % args.microbatches or args.layers < 4 or args.timeout <= 0:
         raise ValueError("start from a correct set-up: --batch-size divisible by --microbatches, --layers at least 4, "
                          "--timeout positive; --mistake then breaks one rule")
@@ -67,11 +71,11 @@ def _address_space() -> int:
         return int(f.read().split()[0]) * resource.getpagesize()
 
 
-def hang(schedule, stage, info, tokens, targets) -> int:
+def hang(schedule, stage, info, tokens, targets, dump_dir: str | None) -> int:
     """Step 0 runs on both ranks; at step 1 the last rank calls a barrier instead of ``step`` (as code
     that evaluates on the last rank only would). Both ranks wait for each other until the process
     group's timeout; each then prints what it last did, like a flight recorder."""
-    rec = Recorder(info.rank)
+    rec = timeline.Recorder(info.rank)
     rec.attach(stage)
     step = 0
     try:
@@ -83,8 +87,13 @@ def hang(schedule, stage, info, tokens, targets) -> int:
                 ex.schedule_step(schedule, info, tokens, targets)
     except Exception as err:
         done = " ".join(e.label for e in rec.events) or "nothing"
+        message = errors.without_source_path(str(err).splitlines()[0])
         print(f"[flight record] rank {info.rank}, step {step}: completed {done}; then "
-              f"{type(err).__name__}: {str(err).splitlines()[0][:150]}", flush=True)
+              f"{type(err).__name__}: {message[:150]}", flush=True)
+        if dump_dir:  # one file per rank, readable after every process has died
+            ex.write_json(os.path.join(dump_dir, f"rank{info.rank}.json"), {
+                "rank": info.rank, "step": step, "completed": timeline.to_json(rec.events),
+                "error": f"{type(err).__name__}: {message}"})
         raise
     return 0
 
@@ -103,7 +112,7 @@ def body(args: argparse.Namespace, info) -> int:
     make = Schedule1F1B if args.mistake == "too-few-microbatches" else ScheduleGPipe
     schedule = make(stage, n_microbatches=m, loss_fn=ex.loss_fn)  # 1F1B refuses m < number of stages
     if args.mistake == "hang":
-        return hang(schedule, stage, info, tokens, targets)
+        return hang(schedule, stage, info, tokens, targets, args.dump_dir)
     if args.mistake == "target-not-last":
         schedule.step(tokens, target=targets)                     # every rank passes input and target
     elif args.mistake == "target-positional" and info.is_first:

@@ -35,12 +35,18 @@ def test_troubleshooting_mistake_fails_with_torchs_message(mistake, extra, rank,
         assert message in msg or any(c in msg for c in errors.CONSEQUENCES), r.output
 
 
-def test_troubleshooting_hang_leaves_a_flight_record_per_rank():
-    r = launch.torchrun("a3_troubleshooting.py", ["--mistake", "hang", "--timeout", "5"], nproc=2, timeout=300,
-                        check=False, json_result=False)
+def test_troubleshooting_hang_leaves_a_flight_record_per_rank(tmp_path):
+    import json
+
+    r = launch.torchrun("a3_troubleshooting.py", ["--mistake", "hang", "--timeout", "5", "--dump-dir", tmp_path],
+                        nproc=2, timeout=300, check=False, json_result=False)
     records = sorted(line for line in r.output.splitlines() if line.startswith("[flight record]"))
     assert records[0].startswith("[flight record] rank 0, step 1: completed 0F0 0F1 0F2 0F3;"), r.output
-    assert any(line.startswith("[flight record] rank 1, step 1: completed nothing;") for line in records), r.output
+    assert records[1].startswith("[flight record] rank 1, step 1: completed nothing; then RuntimeError: "
+                                 "Timed out waiting 5000ms"), r.output
+    dumps = {d["rank"]: d for d in (json.loads(f.read_text()) for f in tmp_path.glob("rank*.json"))}
+    assert [(e["kind"], e["microbatch"]) for e in dumps[0]["completed"]] == [("F", i) for i in range(4)]
+    assert dumps[1]["completed"] == [] and dumps[1]["step"] == 1
 
 
 @pytest.mark.parametrize("mistake", ["none", "target-not-last"])
