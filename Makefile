@@ -21,6 +21,7 @@ $(STAMP): requirements.txt pyproject.toml
 book: $(STAMP)
 	rm -rf _build/.jupyter_cache _build/html _build/jupyter_execute
 	$(BIN)/jupyter-book build . --all -W -n --keep-going
+	$(BIN)/python tools/make_notebooks.py
 	@echo "The book is in _build/html: open file://$(CURDIR)/_build/html/index.html"
 
 # Re-uses cached outputs of unchanged code cells (for authors iterating on prose).

@@ -142,3 +142,18 @@ def python(script: str, args: list[str] | tuple = (), timeout: float = 120.0, ch
            json_result: bool = True) -> RunResult:
     """Run ``scripts/<script>`` as one plain process (no torchrun), the same way."""
     return _launch([sys.executable], script, args, timeout, check, json_result)
+
+
+def load_script(name: str | Path):
+    """Import ``scripts/<name>`` as a module, to call its functions in a notebook or a test.
+
+    Introduced in the appendices; a script does no work at import (house style), so this only
+    defines its functions.
+    """
+    import importlib.util
+
+    path = script_path(name)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
