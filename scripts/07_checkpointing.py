@@ -28,6 +28,7 @@ import math
 import os
 import signal
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -174,10 +175,11 @@ def body(args: argparse.Namespace, info) -> int:
             log(f"step {step}: loss {loss:.6f}  lr {lr:.2e}")
         # [start-save]
         if args.save_every and step % args.save_every == 0:
+            t0 = time.perf_counter()
             path = ckpt.save(args.save_dir, step, model, optimizer, scheduler, {"data_position": position},
                              keep=args.keep, options=options,
                              before_commit=lambda tmp: maybe_kill(args, info, step, during_save=True))
-            saved.append(str(path))
+            saved.append({"path": str(path), "seconds": time.perf_counter() - t0})
             log(f"saved {path} (newest {args.keep} kept)")
         # [end-save]
 

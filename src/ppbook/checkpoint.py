@@ -202,9 +202,10 @@ def verify(path: str | Path) -> dict:
             raise CheckpointError(f"checkpoint {path} is corrupted: {name} is missing; "
                                   f"delete the folder and resume from an older one")
         size = f.stat().st_size
-        if size != want["bytes"] or _sha256(f) != want["sha256"]:
-            raise CheckpointError(f"checkpoint {path} is corrupted: {name} differs from its manifest "
-                                  f"({size} bytes, {want['bytes']} expected, or a different SHA-256); "
+        what = f"has {size} bytes, its manifest says {want['bytes']}" if size != want["bytes"] else \
+            "has another SHA-256 than its manifest records" if _sha256(f) != want["sha256"] else None
+        if what:
+            raise CheckpointError(f"checkpoint {path} is corrupted: {name} {what}; "
                                   f"delete the folder and resume from an older one")
     return manifest
 
