@@ -59,6 +59,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="optimizer state layout in the checkpoint; nested is the default of get_state_dict and fails")
     kill = os.environ.get("PPBOOK_KILL", "")  # RANK:STEP or RANK:STEP:save
     parts = kill.split(":") if kill else []
+    if parts and not (len(parts) in (2, 3) and all(x.isdigit() for x in parts[:2]) and parts[2:] in ([], ["save"])):
+        p.error(f"PPBOOK_KILL={kill!r}: expected RANK:STEP or RANK:STEP:save, e.g. PPBOOK_KILL=1:5")
     p.add_argument("--kill-rank", type=int, default=int(parts[0]) if parts else None,
                    help="fault injection: this rank SIGKILLs itself (first attempt only; env PPBOOK_KILL)")
     p.add_argument("--kill-at-step", type=int, default=int(parts[1]) if len(parts) > 1 else None,
