@@ -9,6 +9,7 @@ entries get_state_dict returned and where it failed (or "ok").
 
 import argparse
 import json
+import shutil
 import tempfile
 
 import torch
@@ -66,9 +67,11 @@ def main():
         everyone = [None] * world
         dist.all_gather_object(everyone, mine)
         results[name] = everyone
+    dist.barrier()
     if rank == 0:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
+        shutil.rmtree(root[0], ignore_errors=True)
     dist.destroy_process_group()
 
 
