@@ -53,6 +53,20 @@ def pick_device(local_rank: int, device: str = "auto") -> torch.device:
     return torch.device("cuda", local_rank % torch.cuda.device_count())
 
 
+def restarted_store(rank: int, world_size: int, timeout_s: float):
+    """After torchrun restarted the group (``--max-restarts``), its store, or ``None`` on a first start.
+
+    torchrun 2.13 keeps one store for all attempts, so a restarted gloo group can read the
+    addresses the killed group published there and fail with "Gloo connectFullMesh failed ...
+    Connection refused". A prefix per attempt gives each attempt keys of its own (chapter 7).
+    """
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if attempt == 0:
+        return None
+    store, _, _ = next(dist.rendezvous("env://", rank, world_size, timeout=timedelta(seconds=timeout_s)))
+    return dist.PrefixStore(f"/ppbook/attempt_{attempt}", store)
+
+
 def setup(device: str = "auto", timeout_s: float = 120.0) -> DistInfo:
     """Join (or create) the default process group and return who we are.
 
@@ -62,7 +76,7 @@ def setup(device: str = "auto", timeout_s: float = 120.0) -> DistInfo:
     if launched_by_torchrun():
         rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         local_rank = int(os.environ["LOCAL_RANK"])
-        store = None
+        store = restarted_store(rank, world_size, timeout_s)
     else:  # plain `python script.py`: a one-process group backed by an in-memory store
         rank, world_size, local_rank = 0, 1, 0
         store = dist.HashStore()
@@ -73,7 +87,7 @@ def setup(device: str = "auto", timeout_s: float = 120.0) -> DistInfo:
     if not dist.is_initialized():
         kwargs = dict(backend=backend, timeout=timedelta(seconds=timeout_s))
         if store is not None:
-            kwargs.update(store=store, rank=0, world_size=1)
+            kwargs.update(store=store, rank=rank, world_size=world_size)
         if dev.type == "cuda":
             kwargs["device_id"] = dev
         dist.init_process_group(**kwargs)

@@ -79,13 +79,20 @@ def validate_common(args: argparse.Namespace, num_stages: int) -> None:
 
 
 def run(script: str, args: argparse.Namespace, validate: Callable[[argparse.Namespace, int], None],
-        body: Callable[[argparse.Namespace, ppdist.DistInfo], int]) -> int:
-    """Validate, set up the process group, run ``body``, tear down; bad input is one line and exit 2."""
+        body: Callable[[argparse.Namespace, ppdist.DistInfo], int], process_group: bool = True) -> int:
+    """Validate, set up the process group, run ``body``, tear down; bad input is one line and exit 2.
+
+    With ``process_group=False`` a plain ``python script.py`` (no torchrun) runs ``body`` without
+    any process group (chapter 7 loads a pipeline's checkpoint that way).
+    """
     try:
         validate(args, int(os.environ.get("WORLD_SIZE", "1")))
     except ValueError as err:
         print(f"{script}: error: {err}", file=sys.stderr)
         return 2
+    if not process_group and not ppdist.launched_by_torchrun():
+        dev = ppdist.pick_device(0, args.device)
+        return body(args, ppdist.DistInfo(0, 1, 0, dev, "none"))
     info = ppdist.setup(args.device, timeout_s=args.timeout)
     try:
         return body(args, info)
