@@ -10,7 +10,9 @@ Two "nodes" on this machine (run each line in its own terminal; c10d rendezvous 
     torchrun --nnodes 2 --nproc-per-node 2 --node-rank 1 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:29577 --rdzv-id pp-dp scripts/09_scaling_out.py --dp 2 --check
 Ray Train, 4 CPU workers (gloo), the same function and numbers:
     python scripts/09_scaling_out.py --ray-workers 4 --dp 2 --check
-GPUs (NCCL), two nodes of 8 GPUs, PP 4 x DP 4 (see scripts/09_slurm.sbatch):
+Ray Train on a cluster of GPU nodes (scripts/09_ray_cluster.yaml), 2 replicas x 4 stages:
+    python scripts/09_scaling_out.py --ray-address auto --device cuda --ray-workers 8 --dp 2
+GPUs (NCCL), two nodes of 8 GPUs, PP 4 x DP 4 (Slurm: sbatch scripts/09_slurm.sbatch), on each node:
     torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint $HEAD:29500 --rdzv-id $JOB scripts/09_scaling_out.py --dp 4 --device cuda
 """
 
@@ -48,16 +50,18 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="how a stage is replicated over --dp; ddp shows torch 2.13's failure (chapter 9)")
     p.add_argument("--ray-workers", type=int, default=0,
                    help="run under Ray Train's TorchTrainer with this many workers instead of torchrun")
+    p.add_argument("--ray-address", default=None,
+                   help="an existing Ray cluster ('auto' on its nodes); default: start one on this machine")
     return p.parse_args(argv)
 
 
 def validate(args: argparse.Namespace, world_size: int) -> None:
     """One line per bad combination, before any process group (or Ray) exists."""
+    if args.ray_workers < 0:
+        raise ValueError(f"--ray-workers must be 0 (torchrun) or more, got {args.ray_workers}")
     if args.dp < 1 or world_size % args.dp:
         raise ValueError(f"--dp {args.dp} must divide the number of processes ({world_size}); "
                          f"pick --dp from {[d for d in range(1, world_size + 1) if world_size % d == 0]}")
-    if args.ray_workers < 0:
-        raise ValueError(f"--ray-workers must be 0 (torchrun) or more, got {args.ray_workers}")
     ex.validate_common(args, world_size // args.dp)
     if args.batch_size % (args.dp * args.microbatches):
         raise ValueError(f"--batch-size {args.batch_size} must split into --dp {args.dp} replicas of "
@@ -192,7 +196,10 @@ def run_with_ray(args: argparse.Namespace) -> dict:
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    ray.init(num_cpus=args.ray_workers, include_dashboard=False)
+    if args.ray_address:  # a cluster of GPU nodes (scripts/09_ray_cluster.yaml)
+        ray.init(address=args.ray_address)
+    else:  # this machine: one CPU slot per worker, no dashboard (start-up time on a laptop)
+        ray.init(num_cpus=args.ray_workers, include_dashboard=False)
     try:
         with tempfile.TemporaryDirectory(prefix="ppbook-ray-") as storage:
             trainer = TorchTrainer(
@@ -213,8 +220,9 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if not args.ray_workers:
         return ex.run("09_scaling_out.py", args, validate, body)
-    try:
-        validate(args, args.ray_workers)
+    try:  # on a cluster the driver may sit on a CPU-only head node: the workers have the GPUs
+        validate(argparse.Namespace(**{**vars(args), "device": "cpu"}) if args.ray_address else args,
+                 args.ray_workers)
     except ValueError as err:
         print(f"09_scaling_out.py: error: {err}", file=sys.stderr)
         return 2
