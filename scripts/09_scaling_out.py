@@ -24,6 +24,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 import types
 
 import torch
@@ -112,7 +113,7 @@ def train(args: argparse.Namespace, info: ppdist.DistInfo) -> dict | None:
     schedule = ScheduleGPipe(stage, n_microbatches=args.microbatches, loss_fn=ex.loss_fn)
     opt = torch.optim.AdamW(stage_mod.parameters(), lr=args.lr)
     where = types.SimpleNamespace(is_first=stage.is_first, is_last=stage.is_last)
-    losses = []
+    losses, t0 = [], time.perf_counter()
     for step in tqdm(range(args.steps), desc="PP x DP steps", disable=info.rank != 0):
         tokens, targets = ex.make_batch(args, step, info.device)  # combined batch (B, T), every rank
         mine = tokens.chunk(args.dp)[dp_rank], targets.chunk(args.dp)[dp_rank]  # (B/dp, T) each
@@ -123,10 +124,10 @@ def train(args: argparse.Namespace, info: ppdist.DistInfo) -> dict | None:
         dist.all_reduce(loss)  # comm: the last stages' losses (the others add zero)
         losses.append(loss.item() / args.dp)
     # [end-train]
-    return report(args, info, stage_mod, losses, dp_rank, pp_rank)
+    return report(args, info, stage_mod, losses, dp_rank, pp_rank, time.perf_counter() - t0)
 
 
-def report(args, info, stage_mod, losses, dp_rank, pp_rank) -> dict | None:
+def report(args, info, stage_mod, losses, dp_rank, pp_rank, seconds) -> dict | None:
     """Compare every rank's trained stage with one process on the combined batch (rank 0 only)."""
     weights = full_weights(stage_mod)
     mine = {"rank": info.rank, "dp_rank": dp_rank, "pp_rank": pp_rank, "node": int(os.environ.get("GROUP_RANK", 0)),
@@ -149,7 +150,7 @@ def report(args, info, stage_mod, losses, dp_rank, pp_rank) -> dict | None:
     return {"world_size": info.world_size, "dp": args.dp, "pp": info.world_size // args.dp,
             "microbatches": args.microbatches, "batch_size": args.batch_size, "dtype": args.dtype,
             "losses": losses, "reference_losses": ref_losses, "max_loss_diff": loss_diff,
-            "replicas_equal": replicas_equal, "ranks": everyone, "match": ok, "tolerance": tol,
+            "replicas_equal": replicas_equal, "ranks": everyone, "train_seconds": seconds, "match": ok, "tolerance": tol,
             "launcher": "ray" if args.ray_workers else "torchrun", "torch_version": torch.__version__}
 
 
