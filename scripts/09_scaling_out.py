@@ -120,7 +120,8 @@ def train(args: argparse.Namespace, info: ppdist.DistInfo) -> dict | None:
         opt.zero_grad()
         mb_losses = ex.schedule_step(schedule, where, *mine)  # FSDP reduces after the last backward
         opt.step()
-        loss = torch.tensor([ex.mean_loss(mb_losses) if mb_losses else 0.0], dtype=torch.float64)
+        loss = torch.tensor([ex.mean_loss(mb_losses) if mb_losses else 0.0], dtype=torch.float64,
+                            device=info.device)  # NCCL reduces only GPU tensors
         dist.all_reduce(loss)  # comm: the last stages' losses (the others add zero)
         losses.append(loss.item() / args.dp)
     # [end-train]
