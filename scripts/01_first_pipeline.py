@@ -37,18 +37,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def train_reference(model, args, device) -> list[float]:
-    """The one-process run: same model, same microbatches, same AdamW steps."""
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    losses = []
-    for step in range(args.steps):
-        tokens, targets = ex.make_batch(args, step, device)
-        opt.zero_grad()
-        losses.append(ex.reference_backward(model, tokens, targets, args.microbatches))
-        opt.step()
-    return losses
-
-
 # [start-pipeline]
 def train_pipeline(stage_mod, args, info) -> tuple[list[float], list[float]]:
     """Train this rank's stage inside the pipeline; returns (losses, seconds per step)."""
@@ -71,7 +59,7 @@ def train_pipeline(stage_mod, args, info) -> tuple[list[float], list[float]]:
 def body(args: argparse.Namespace, info) -> int:
     full = ex.full_model(args, info.device)  # identical on every rank
     reference = copy.deepcopy(full)
-    ref_losses = train_reference(reference, args, info.device)
+    ref_losses = ex.train_reference(reference, args, info.device)
 
     stage_mod = stage_module(full, info.rank, info.world_size)
     losses, seconds = train_pipeline(stage_mod, args, info)

@@ -7,7 +7,19 @@ Modules, in the order the book introduces them:
 * :mod:`ppbook.stages`  -- which layers each stage owns; cutting a stage out of the model (chapter 1)
 * :mod:`ppbook.dist`    -- process-group set-up and tear-down, CPU or GPU (chapter 1)
 * :mod:`ppbook.launch`  -- running a companion script under torchrun from a cell or a test (chapter 1)
+* :mod:`ppbook.experiment` -- flags, data, loss and the one-process reference of every script (chapter 1)
+* :mod:`ppbook.report`  -- tables in chapter outputs (chapter 1)
+* :mod:`ppbook.timeline` -- recording every action of every stage, and Gantt charts (chapter 2)
+* :mod:`ppbook.simulate` -- the dependency-driven schedule simulator, all seven schedules (chapters 3, 5)
+* :mod:`ppbook.bubble`  -- closed-form bubble fractions and overheads, with their conventions (chapters 3, 5)
+* :mod:`ppbook.split`   -- balancing policies, per-layer profiling, meta-device stages (chapter 4)
+* :mod:`ppbook.activations` -- activation memory held per stage and microbatch over time (chapter 5)
+* :mod:`ppbook.data`    -- the shipped corpus, its locally trained tokenizer, batches (chapter 6)
+* :mod:`ppbook.training` -- token-mean loss, global-norm clipping, warmup + cosine (chapter 6)
 * :mod:`ppbook.checkpoint` -- distributed checkpoints: save, resume, reshard, export (chapter 7)
+* :mod:`ppbook.skip`    -- a model with a skip connection across stages, tied embeddings (chapter 8)
+* :mod:`ppbook.nodes`   -- several torchrun "nodes" on one machine; where mesh ranks land (chapter 9)
+* :mod:`ppbook.errors`  -- finding the rank that failed in torchrun's output (appendix C)
 """
 
 __version__ = "0.1.0"

@@ -163,9 +163,24 @@ def reference_backward(model: nn.Module, tokens: torch.Tensor, targets: torch.Te
     return mean_loss(mb_losses)
 
 
+def train_reference(model: nn.Module, args: argparse.Namespace, device: torch.device | str) -> list[float]:
+    """The one-process training run: same model, same microbatches, ``args.steps`` AdamW steps at
+    ``args.lr``; returns each step's mean loss."""
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    losses = []
+    for step in range(args.steps):
+        tokens, targets = make_batch(args, step, device)
+        opt.zero_grad()
+        losses.append(reference_backward(model, tokens, targets, args.microbatches))
+        opt.step()
+    return losses
+
+
 def compare(stage_mod: nn.Module, reference: nn.Module) -> dict:
     """Largest difference between this stage's gradients and weights and the same-named reference ones."""
-    ref = dict(reference.named_parameters())
+    # remove_duplicate=False: a weight shared by two modules (tied embeddings) is listed under both
+    # names, so a stage that holds it as "output.weight" finds it in the full model too
+    ref = dict(reference.named_parameters(remove_duplicate=False))
     names = [n for n, _ in stage_mod.named_parameters()]
     params = list(stage_mod.parameters())
     return {

@@ -87,11 +87,17 @@ def kill_tree(pid: int) -> None:
     psutil.wait_procs(family, timeout=10)
 
 
-def _run(command: list[str], timeout: float, cwd: Path, expect_json: Path | None, check: bool) -> RunResult:
+def child_env() -> dict:
+    """The environment of a launched script: unbuffered output, no progress bars."""
     env = dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")
     # The ranks' own progress bars are for people at a terminal, not for captured output.
     env.setdefault("TQDM_DISABLE", "1")
+    return env
+
+
+def _run(command: list[str], timeout: float, cwd: Path, expect_json: Path | None, check: bool) -> RunResult:
+    env = child_env()
     t0 = time.perf_counter()
     proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)

@@ -1,0 +1,238 @@
+"""Pipeline x data parallelism (PP x DP): a 2-D DeviceMesh of (dp, pp), every pipeline stage
+replicated over its data-parallel group with FSDP2's ``fully_shard``, trained for a few AdamW
+steps and checked against one process on the combined batch. The same training function runs
+under torchrun (one node or several) and under Ray Train's TorchTrainer.
+
+CPU, 4 processes = 2 replicas x 2 stages (gloo):
+    torchrun --standalone --nproc-per-node 4 scripts/09_scaling_out.py --dp 2 --check
+Two "nodes" on this machine (run each line in its own terminal; c10d rendezvous on loopback):
+    torchrun --nnodes 2 --nproc-per-node 2 --node-rank 0 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:29577 --rdzv-id pp-dp scripts/09_scaling_out.py --dp 2 --check
+    torchrun --nnodes 2 --nproc-per-node 2 --node-rank 1 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:29577 --rdzv-id pp-dp scripts/09_scaling_out.py --dp 2 --check
+Ray Train, 4 CPU workers (gloo), the same function and numbers:
+    python scripts/09_scaling_out.py --ray-workers 4 --dp 2 --check
+Ray Train on a cluster of GPU nodes (scripts/09_ray_cluster.yaml), 2 replicas x 4 stages:
+    python scripts/09_scaling_out.py --ray-address auto --device cuda --ray-workers 8 --dp 2
+GPUs (NCCL), two nodes of 8 GPUs, PP 4 x DP 4 (Slurm: sbatch scripts/09_slurm.sbatch), on each node:
+    torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint $HEAD:29500 --rdzv-id $JOB scripts/09_scaling_out.py --dp 4 --device cuda
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import tempfile
+import time
+import types
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+from torch.distributed.fsdp import fully_shard
+from torch.nn.parallel import DistributedDataParallel as DDP
+from tqdm import tqdm
+
+from ppbook import dist as ppdist
+from ppbook import experiment as ex
+from ppbook.stages import stage_module
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ex.add_common_args(p, microbatches=2, microbatches_help="microbatches per replica's pipeline",
+                       batch_size=16)
+    p.add_argument("--dp", type=int, default=2, help="data-parallel replicas; pipeline stages = world size / dp")
+    p.add_argument("--steps", type=int, default=3, help="optimizer steps (AdamW)")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--replicate", choices=["fsdp", "ddp"], default="fsdp",
+                   help="how a stage is replicated over --dp; ddp shows torch 2.13's failure (chapter 9)")
+    p.add_argument("--ray-workers", type=int, default=0,
+                   help="run under Ray Train's TorchTrainer with this many workers instead of torchrun")
+    p.add_argument("--ray-address", default=None,
+                   help="an existing Ray cluster ('auto' on its nodes); default: start one on this machine")
+    return p.parse_args(argv)
+
+
+def validate(args: argparse.Namespace, world_size: int) -> None:
+    """One line per bad combination, before any process group (or Ray) exists."""
+    if args.ray_workers < 0:
+        raise ValueError(f"--ray-workers must be 0 (torchrun) or more, got {args.ray_workers}")
+    if args.dp < 1 or world_size % args.dp:
+        raise ValueError(f"--dp {args.dp} must divide the number of processes ({world_size}); "
+                         f"pick --dp from {[d for d in range(1, world_size + 1) if world_size % d == 0]}")
+    ex.validate_common(args, world_size // args.dp)
+    if args.batch_size % (args.dp * args.microbatches):
+        raise ValueError(f"--batch-size {args.batch_size} must split into --dp {args.dp} replicas of "
+                         f"--microbatches {args.microbatches} equal microbatches; try --batch-size "
+                         f"{-(-args.batch_size // (args.dp * args.microbatches)) * args.dp * args.microbatches}")
+
+
+def full_weights(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter, whole: a sharded (DTensor) one is gathered over its group (collective)."""
+    return {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().cpu()
+            for n, p in module.named_parameters()}
+
+
+def digest(weights: dict[str, torch.Tensor]) -> str:
+    """A fingerprint of every parameter's bits: equal digests mean bitwise-equal weights."""
+    h = hashlib.sha256()
+    for name, w in sorted(weights.items()):
+        h.update(name.encode() + w.contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+# [start-mesh]
+def build_replicated_stage(args, info):
+    """This rank's pipeline stage, replicated over its data-parallel group."""
+    pp = info.world_size // args.dp
+    mesh = init_device_mesh(info.device.type, (args.dp, pp), mesh_dim_names=("dp", "pp"))
+    dp_rank, pp_rank = mesh.get_local_rank("dp"), mesh.get_local_rank("pp")  # row, column of the mesh
+    stage_mod = stage_module(ex.full_model(args, info.device), pp_rank, pp)  # same seed on every rank
+    # FSDP2 shards this stage over the replicas holding the same stage (a mesh column) and
+    # reduce-scatters (averages) their gradients after the last microbatch's backward
+    wrapped = stage_mod
+    if args.dp > 1 and args.replicate == "fsdp":
+        fully_shard(stage_mod, mesh=mesh["dp"])  # in place: stage_mod's parameters become shards
+    elif args.dp > 1:  # what fails in torch 2.13 (chapter 9)
+        wrapped = DDP(stage_mod, process_group=mesh.get_group("dp"))
+    stage = PipelineStage(wrapped, stage_index=pp_rank, num_stages=pp, device=info.device,
+                          group=mesh.get_group("pp"))  # sends and receives along a mesh row
+    return stage, stage_mod, mesh, dp_rank, pp_rank
+# [end-mesh]
+
+
+# [start-train]
+def train(args: argparse.Namespace, info: ppdist.DistInfo) -> dict | None:
+    """The training function: the same under torchrun, on several nodes and under Ray Train."""
+    if info.device.type == "cpu":
+        torch.set_num_threads(1)  # the same kernels, hence the same bits, whatever the launcher
+    stage, stage_mod, mesh, dp_rank, pp_rank = build_replicated_stage(args, info)
+    schedule = ScheduleGPipe(stage, n_microbatches=args.microbatches, loss_fn=ex.loss_fn)
+    opt = torch.optim.AdamW(stage_mod.parameters(), lr=args.lr)
+    where = types.SimpleNamespace(is_first=stage.is_first, is_last=stage.is_last)
+    losses, t0 = [], time.perf_counter()
+    for step in tqdm(range(args.steps), desc="PP x DP steps", disable=info.rank != 0):
+        tokens, targets = ex.make_batch(args, step, info.device)  # combined batch (B, T), every rank
+        mine = tokens.chunk(args.dp)[dp_rank], targets.chunk(args.dp)[dp_rank]  # (B/dp, T) each
+        opt.zero_grad()
+        mb_losses = ex.schedule_step(schedule, where, *mine)  # FSDP reduces after the last backward
+        opt.step()
+        loss = torch.tensor([ex.mean_loss(mb_losses) if mb_losses else 0.0], dtype=torch.float64,
+                            device=info.device)  # NCCL reduces only GPU tensors
+        dist.all_reduce(loss)  # comm: the last stages' losses (the others add zero)
+        losses.append(loss.item() / args.dp)
+    # [end-train]
+    return report(args, info, stage_mod, losses, dp_rank, pp_rank, time.perf_counter() - t0)
+
+
+def report(args, info, stage_mod, losses, dp_rank, pp_rank, seconds) -> dict | None:
+    """Compare every rank's trained stage with one process on the combined batch (rank 0 only)."""
+    weights = full_weights(stage_mod)
+    mine = {"rank": info.rank, "dp_rank": dp_rank, "pp_rank": pp_rank, "node": int(os.environ.get("GROUP_RANK", 0)),
+            "host": os.uname().nodename, "digest": digest(weights), "weights": weights}
+    everyone = ppdist.gather_to_rank0(mine)
+    if info.rank != 0:
+        return None
+    # the reference: the full model, the combined batch cut into dp x m microbatches, in order
+    reference = ex.full_model(args, torch.device("cpu"))
+    ref_args = argparse.Namespace(**{**vars(args), "microbatches": args.dp * args.microbatches})
+    ref_losses = ex.train_reference(reference, ref_args, "cpu")
+    ref = dict(reference.named_parameters())
+    for r in everyone:
+        r["max_weight_diff"] = max((w - ref[n].detach()).abs().max().item() for n, w in r.pop("weights").items())
+    replicas_equal = all(len({r["digest"] for r in everyone if r["pp_rank"] == s}) == 1
+                         for s in {r["pp_rank"] for r in everyone})
+    loss_diff = max(abs(a - b) for a, b in zip(losses, ref_losses))
+    tol = ex.tolerance(args.dtype)
+    ok = replicas_equal and loss_diff <= tol and all(r["max_weight_diff"] <= tol for r in everyone)
+    return {"world_size": info.world_size, "dp": args.dp, "pp": info.world_size // args.dp,
+            "microbatches": args.microbatches, "batch_size": args.batch_size, "dtype": args.dtype,
+            "losses": losses, "reference_losses": ref_losses, "max_loss_diff": loss_diff,
+            "replicas_equal": replicas_equal, "ranks": everyone, "train_seconds": seconds, "match": ok, "tolerance": tol,
+            "launcher": "ray" if args.ray_workers else "torchrun", "torch_version": torch.__version__}
+
+
+def print_result(result: dict) -> None:
+    for r in result["ranks"]:
+        print(f"rank {r['rank']} (node {r['node']}): dp {r['dp_rank']}, stage {r['pp_rank']}, "
+              f"weights {r['digest']}, max |weight - ref| = {r['max_weight_diff']:.2e}")
+    for step, (a, b) in enumerate(zip(result["losses"], result["reference_losses"])):
+        print(f"step {step}: PP x DP loss {a:.6f}   one-process loss {b:.6f}")
+    print("MATCH: PP x DP reproduces one process on the combined batch" if result["match"] else "MISMATCH")
+
+
+def body(args: argparse.Namespace, info: ppdist.DistInfo) -> int:
+    result = train(args, info)
+    if result is None:
+        return 0
+    print_result(result)
+    ex.write_json(args.json, result)
+    return 1 if (args.check and not result["match"]) else 0
+
+
+# [start-ray]
+def ray_worker(config: dict) -> None:
+    """What each Ray Train worker runs: Ray has already joined the process group (gloo or NCCL)."""
+    import ray.train
+    import ray.train.torch
+
+    args = argparse.Namespace(**config)
+    context = ray.train.get_context()
+    device = ray.train.torch.get_device() if args.device == "cuda" else torch.device("cpu")
+    info = ppdist.DistInfo(dist.get_rank(), dist.get_world_size(), context.get_local_rank(), device,
+                           dist.get_backend())
+    result = train(args, info)  # the same function torchrun runs
+    with tempfile.TemporaryDirectory() as folder:  # every worker reports; rank 0 attaches the result
+        if result is not None:
+            with open(os.path.join(folder, "result.json"), "w") as f:
+                json.dump(result, f)
+        checkpoint = ray.train.Checkpoint.from_directory(folder) if result is not None else None
+        ray.train.report({"step": args.steps}, checkpoint=checkpoint)
+
+
+def run_with_ray(args: argparse.Namespace) -> dict:
+    import ray
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    if args.ray_address:  # a cluster of GPU nodes (scripts/09_ray_cluster.yaml)
+        ray.init(address=args.ray_address)
+    else:  # this machine: one CPU slot per worker, no dashboard (start-up time on a laptop)
+        ray.init(num_cpus=args.ray_workers, include_dashboard=False)
+    try:
+        with tempfile.TemporaryDirectory(prefix="ppbook-ray-") as storage:
+            trainer = TorchTrainer(
+                ray_worker, train_loop_config=vars(args),
+                scaling_config=ScalingConfig(num_workers=args.ray_workers, use_gpu=args.device == "cuda"),
+                torch_config=TorchConfig(backend="nccl" if args.device == "cuda" else "gloo",
+                                         timeout_s=int(args.timeout)),
+                run_config=RunConfig(storage_path=storage, name="pp-dp"))
+            with trainer.fit().checkpoint.as_directory() as folder:  # rank 0's, copied to storage
+                with open(os.path.join(folder, "result.json")) as f:
+                    return json.load(f)
+    finally:
+        ray.shutdown()
+# [end-ray]
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if not args.ray_workers:
+        return ex.run("09_scaling_out.py", args, validate, body)
+    try:  # on a cluster the driver may sit on a CPU-only head node: the workers have the GPUs
+        validate(argparse.Namespace(**{**vars(args), "device": "cpu"}) if args.ray_address else args,
+                 args.ray_workers)
+    except ValueError as err:
+        print(f"09_scaling_out.py: error: {err}", file=sys.stderr)
+        return 2
+    result = run_with_ray(args)
+    print_result(result)
+    ex.write_json(args.json, result)
+    return 1 if (args.check and not result["match"]) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
