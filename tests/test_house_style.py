@@ -8,8 +8,9 @@ import pytest
 
 from conftest import ROOT
 
-CHAPTERS = sorted((ROOT / "book").glob("[0-9][0-9]_*.md"))
-SCRIPTS = sorted((ROOT / "scripts").glob("[0-9][0-9]_*.py"))
+# chapters (NN_slug) and appendices (aN_slug), with their companion scripts
+CHAPTERS = sorted((ROOT / "book").glob("[0-9][0-9]_*.md")) + sorted((ROOT / "book").glob("a[0-9]_*.md"))
+SCRIPTS = sorted((ROOT / "scripts").glob("[0-9][0-9]_*.py")) + sorted((ROOT / "scripts").glob("a[0-9]_*.py"))
 
 
 def test_no_notebook_committed_under_book():
