@@ -24,7 +24,6 @@ run's weights, optimizer state and learning rates equal it to the last bit.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import signal
 import sys
@@ -39,6 +38,7 @@ from ppbook import checkpoint as ckpt
 from ppbook import dist as ppdist
 from ppbook import experiment as ex
 from ppbook.stages import assign_layers, stage_module
+from ppbook.training import warmup_cosine
 
 SCRIPT = "07_checkpointing.py"
 
@@ -93,18 +93,10 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
     args.resume_path = ckpt.find_resume(args.save_dir, args.resume, report=(lambda _: None) if quiet else print)
 
 
-def lr_factor(step: int, warmup: int, horizon: int) -> float:
-    """Linear warm-up to the peak, then cosine decay to 10% of it at ``horizon`` (independent of --steps,
-    so a run stopped early and resumed follows the same schedule as one that never stopped)."""
-    if step < warmup:
-        return (step + 1) / (warmup + 1)
-    t = min(1.0, (step - warmup) / max(1, horizon - warmup))
-    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t))
-
-
 def make_optimizer(model, args):
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, args.lr_warmup, args.lr_horizon))
+    # the horizon, not --steps: a run stopped early and resumed follows the same schedule
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: warmup_cosine(s, args.lr_warmup, args.lr_horizon))
     return optimizer, scheduler
 
 
