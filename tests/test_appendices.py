@@ -3,6 +3,7 @@ failing with torch's exact message (each launch under a timeout: a hang is a fai
 
 import pytest
 
+from conftest import assert_one_error_line
 from ppbook import errors, launch
 
 pytestmark = pytest.mark.torchrun
@@ -121,9 +122,7 @@ def test_migration_balance_maps_to_stage_layers():
 ])
 def test_migration_bad_old_arguments_get_one_line(args, nproc, message):
     r = launch.torchrun("a1_migrate.py", args, nproc=nproc, timeout=120, check=False, json_result=False)
-    assert r.returncode != 0
-    lines = sorted({line for line in r.output.splitlines() if line.startswith("a1_migrate.py: error:")})
-    assert len(lines) == 1 and message in lines[0], r.output
+    assert_one_error_line(r, "a1_migrate.py", message)
 
 
 # --- reader experience: notebooks for Colab and download, never committed under book/ -------------

@@ -5,10 +5,12 @@ import copy
 import pytest
 import torch
 
+from conftest import assert_one_error_line
 from ppbook import launch
 from ppbook.models import GPTConfig
 from ppbook.skip import build_skip_model, sync_tied_grads, tied_group_ranks, tied_parameter
 from ppbook.stages import stage_module
+
 
 CFG = GPTConfig(vocab_size=64, dim=32, n_layers=4, n_heads=4, max_seq_len=16)
 
@@ -91,5 +93,4 @@ def test_dict_between_stages_is_refused():
 @pytest.mark.torchrun
 def test_bad_input_one_line_nonzero_exit():
     r = launch.torchrun("08_beyond_chain.py", ["--layers", "1"], nproc=2, timeout=60, check=False, json_result=False)
-    errors = sorted({line for line in r.output.splitlines() if line.startswith("08_beyond_chain.py: error:")})
-    assert r.returncode != 0 and len(errors) == 1 and "need at least 2 layers" in errors[0], r.output
+    assert_one_error_line(r, "08_beyond_chain.py", "need at least 2 layers")

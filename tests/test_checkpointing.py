@@ -11,6 +11,7 @@ import torch
 
 from ppbook import checkpoint as ckpt
 from ppbook import experiment as ex
+from conftest import assert_one_error_line
 from ppbook import launch
 from ppbook.models import GPTConfig, build_model
 
@@ -188,9 +189,7 @@ def test_corrupted_checkpoint_refused_nonzero_exit(uninterrupted, tmp_path, how)
     resume = ["--resume", tmp_path / "ckpt" / "step-000006"] if how == "path" else \
         ["--save-dir", tmp_path / "ckpt", "--resume"]
     r = launch.torchrun(SCRIPT, ["--steps", "8", *resume], nproc=2, timeout=120, check=False, json_result=False)
-    assert r.returncode != 0
-    errors = sorted({line for line in r.output.splitlines() if line.startswith(f"{SCRIPT}: error:")})
-    assert len(errors) == 1 and "is corrupted: __1_0.distcp has another SHA-256" in errors[0], r.output
+    assert_one_error_line(r, SCRIPT, "is corrupted: __1_0.distcp has another SHA-256")
     assert "]: Traceback" not in r.output  # no rank raised: each printed the line and exited 2
 
 
@@ -215,8 +214,7 @@ def test_nested_optimizer_state_fails_on_resume(tmp_path):
 def test_bad_flags_one_line(args, message, tmp_path):
     args = [str(tmp_path / a) if a == "d" else a for a in args]
     r = launch.torchrun(SCRIPT, args, nproc=2, timeout=120, check=False, json_result=False)
-    errors = sorted({line for line in r.output.splitlines() if line.startswith(f"{SCRIPT}: error:")})
-    assert r.returncode != 0 and len(errors) == 1 and message in errors[0], r.output
+    assert_one_error_line(r, SCRIPT, message)
 
 
 @pytest.mark.torchrun

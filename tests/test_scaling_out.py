@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch
-from conftest import ROOT
+from conftest import ROOT, assert_one_error_line
 
 from ppbook import launch, nodes
 
@@ -85,8 +85,7 @@ def test_bad_input_one_line_nonzero_exit(launcher, args, message):
         r = launch.torchrun("09_scaling_out.py", args, nproc=4, timeout=120, check=False, json_result=False)
     else:
         r = launch.python("09_scaling_out.py", args, timeout=60, check=False, json_result=False)
-    errors = sorted({line for line in r.output.splitlines() if line.startswith("09_scaling_out.py: error:")})
-    assert r.returncode != 0 and len(errors) == 1 and message in errors[0], r.output
+    assert_one_error_line(r, "09_scaling_out.py", message)
 
 
 def test_slurm_batch_script_runs_on_loopback_with_stand_ins(tmp_path, pp_dp_torchrun):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from conftest import assert_one_error_line
+from conftest import assert_one_line_error
 from ppbook import launch
 
 pytestmark = pytest.mark.torchrun
@@ -53,8 +53,7 @@ def test_first_pipeline_loss_falls():
     (["--steps", "0"], "--steps must be at least 1"),
 ] + ([(["--device", "cuda"], "use --device cpu")] if not __import__("torch").cuda.is_available() else []))
 def test_first_pipeline_bad_input_one_line_nonzero_exit(args, message):
-    r = launch.torchrun("01_first_pipeline.py", args, nproc=2, timeout=60, check=False, json_result=False)
-    assert_one_error_line(r, "01_first_pipeline.py", message)
+    assert_one_line_error("01_first_pipeline.py", args, message, timeout=60)
 
 
 def test_first_pipeline_argparse_rejects_unknown_dtype():

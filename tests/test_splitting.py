@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from conftest import assert_one_error_line
+from conftest import assert_one_line_error
 from ppbook import launch, split
 from ppbook.experiment import loss_fn
 from ppbook.models import GPTConfig, Llama, LlamaConfig, build_model, count_parameters
@@ -221,8 +221,7 @@ def test_tensor_kwarg_for_a_later_stage_fails_with_torchs_error():
 ])
 @pytest_torchrun
 def test_bad_input_one_line_nonzero_exit(args, message):
-    r = launch.torchrun("04_splitting.py", args, nproc=2, timeout=120, check=False, json_result=False)
-    assert_one_error_line(r, "04_splitting.py", message)
+    assert_one_line_error("04_splitting.py", args, message, timeout=120)
 
 
 def test_tied_and_kwarg_need_two_processes():

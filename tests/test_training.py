@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from conftest import assert_one_error_line
 from ppbook import data, launch, training
 
 
@@ -169,6 +170,4 @@ def test_train_bad_input_is_one_line_and_nonzero_exit(args, message, small_token
     corrupt.write_text('{"version": "1.0", "model": {"type": "BPE", "vocab": ')  # cut off mid-file
     args = [{"TOKENIZER": small_tokenizer, "CORRUPT": str(corrupt)}.get(a, a) for a in args]
     r = launch.torchrun("06_train.py", args, nproc=2, timeout=120, check=False, json_result=False)
-    assert r.returncode != 0
-    errors = sorted({line for line in r.output.splitlines() if line.startswith("06_train.py: error:")})
-    assert len(errors) == 1 and message in errors[0], r.output[-3000:]
+    assert_one_error_line(r, "06_train.py", message)

@@ -262,7 +262,7 @@ def load(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, s
 # --- export and inspect ----------------------------------------------------------------------
 def export(path: str | Path, out_file: str | Path) -> Path:
     """Write the model of checkpoint ``path`` as one ``torch.save`` file of the full model's
-    state dict (no optimizer), for inference: ``model.load_state_dict(torch.load(f), strict=True)``.
+    state dict (no optimizer), for inference: ``model.load_state_dict(torch.load(f, weights_only=True), strict=True)``.
 
     Uses ``dcp_to_torch_save``, in one process, reading every rank's files.
     """
