@@ -9,6 +9,7 @@ Modules, in the order the book introduces them:
 * :mod:`ppbook.launch`  -- running a companion script under torchrun from a cell or a test (chapter 1)
 * :mod:`ppbook.experiment` -- flags, data, loss and the one-process reference of every script (chapter 1)
 * :mod:`ppbook.report`  -- tables and human-friendly numbers in chapter outputs (chapter 0)
+* :mod:`ppbook.claims`  -- conclusions the build checks: glue a number, assert the sentence (chapter 0)
 * :mod:`ppbook.timeline` -- recording every action of every stage, and Gantt charts (chapter 2)
 * :mod:`ppbook.simulate` -- the dependency-driven schedule simulator, all seven schedules (chapters 3, 5)
 * :mod:`ppbook.bubble`  -- closed-form bubble fractions and overheads, with their conventions (chapters 3, 5)
