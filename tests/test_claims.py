@@ -18,3 +18,13 @@ def test_check_without_glue():
     check("ok", True)
     with pytest.raises(ClaimError, match="'bad'"):
         check("bad", False)
+
+
+def test_traffic_formulas():
+    from ppbook import traffic
+
+    assert traffic.boundary_bytes(2, 8, 16, 2) == 2 * 8 * 16 * 2
+    assert traffic.pipeline_bytes_per_step(4, 2, 8, 16, 2) == 2 * 4 * 512
+    assert traffic.allreduce_bytes_per_rank(100.0, 1) == 0
+    assert traffic.allreduce_bytes_per_rank(100.0, 4) == 150.0
+    assert traffic.fsdp_bytes_per_rank(100.0, 100.0, 2) == 150.0

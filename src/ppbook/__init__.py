@@ -20,6 +20,7 @@ Modules, in the order the book introduces them:
 * :mod:`ppbook.checkpoint` -- distributed checkpoints: save, resume, reshard, export (chapter 7)
 * :mod:`ppbook.skip`    -- a model with a skip connection across stages, tied embeddings (chapter 8)
 * :mod:`ppbook.nodes`   -- several torchrun "nodes" on one machine; where mesh ranks land (chapter 9)
+* :mod:`ppbook.traffic` -- bytes per step crossing the network for PP, DP and FSDP (chapter 9)
 * :mod:`ppbook.errors`  -- finding the rank that failed in torchrun's output (appendix C)
 """
 
