@@ -25,13 +25,13 @@ import torch
 import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
-from ppbook import experiment as ex
+from ppbook import cli, driver, workload
 from ppbook.stages import assign_layers, stage_module
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ex.add_common_args(p)
+    cli.add_common_args(p)
     p.add_argument("--steps", type=int, default=3, help="optimizer steps (AdamW)")
     p.add_argument("--lr", type=float, default=1e-3)
     return p.parse_args(argv)
@@ -41,35 +41,35 @@ def parse_args(argv=None) -> argparse.Namespace:
 def train_pipeline(stage_mod, args, info) -> tuple[list[float], list[float]]:
     """Train this rank's stage inside the pipeline; returns (losses, seconds per step)."""
     stage = PipelineStage(stage_mod, stage_index=info.rank, num_stages=info.world_size, device=info.device)
-    schedule = ScheduleGPipe(stage, n_microbatches=args.microbatches, loss_fn=ex.loss_fn)
+    schedule = ScheduleGPipe(stage, n_microbatches=args.microbatches, loss_fn=workload.loss_fn)
     opt = torch.optim.AdamW(stage_mod.parameters(), lr=args.lr)
     losses, seconds = [], []
     for step in range(args.steps):
-        tokens, targets = ex.make_batch(args, step, info.device)
+        tokens, targets = workload.make_batch(args, step, info.device)
         opt.zero_grad()
         t0 = time.perf_counter()
-        mb_losses = ex.schedule_step(schedule, info, tokens, targets)  # input on stage 0, targets on the last
+        mb_losses = driver.schedule_step(schedule, info, tokens, targets)  # input on stage 0, targets on the last
         opt.step()
         seconds.append(time.perf_counter() - t0)
-        losses.append(ex.mean_loss(mb_losses) if mb_losses else float("nan"))
+        losses.append(workload.mean_loss(mb_losses) if mb_losses else float("nan"))
     return losses, seconds
 # [end-pipeline]
 
 
 def body(args: argparse.Namespace, info) -> int:
-    full = ex.full_model(args, info.device)  # identical on every rank
+    full = workload.full_model(args, info.device)  # identical on every rank
     reference = copy.deepcopy(full)
-    ref_losses = ex.train_reference(reference, args, info.device)
+    ref_losses = workload.adamw_reference_losses(reference, args, info.device)
 
     stage_mod = stage_module(full, info.rank, info.world_size)
     losses, seconds = train_pipeline(stage_mod, args, info)
 
-    mine = {"rank": info.rank, **ex.compare(stage_mod, reference), "losses": losses, "seconds": seconds}
+    mine = {"rank": info.rank, **workload.compare(stage_mod, reference), "losses": losses, "seconds": seconds}
     everyone = [None] * info.world_size
     dist.all_gather_object(everyone, mine)
     pipe_losses = everyone[-1]["losses"]  # the last stage computed them
     loss_diff = max(abs(a - b) for a, b in zip(pipe_losses, ref_losses))
-    tol = ex.tolerance(args.dtype)
+    tol = workload.tolerance(args.dtype)
     ok = loss_diff <= tol and all(r["max_grad_diff"] <= tol and r["max_weight_diff"] <= tol for r in everyone)
     if info.rank == 0:
         layers = assign_layers(args.layers, info.world_size)
@@ -79,7 +79,7 @@ def body(args: argparse.Namespace, info) -> int:
         for step, (a, b) in enumerate(zip(pipe_losses, ref_losses)):
             print(f"step {step}: pipeline loss {a:.6f}   one-process loss {b:.6f}")
         print("MATCH: the pipeline reproduces the one-process run" if ok else "MISMATCH: pipeline and one-process run differ")
-        ex.write_json(args.json, {
+        cli.write_json(args.json, {
             "world_size": info.world_size, "backend": info.backend, "device": str(info.device),
             "microbatches": args.microbatches, "batch_size": args.batch_size, "dtype": args.dtype,
             "layers_per_stage": layers, "pipeline_losses": pipe_losses, "reference_losses": ref_losses,
@@ -90,7 +90,7 @@ def body(args: argparse.Namespace, info) -> int:
 
 
 def main(argv=None) -> int:
-    return ex.run("01_first_pipeline.py", parse_args(argv), ex.validate_common, body)
+    return cli.run("01_first_pipeline.py", parse_args(argv), cli.validate_common, body)
 
 
 if __name__ == "__main__":

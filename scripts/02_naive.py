@@ -21,21 +21,21 @@ import sys
 import torch
 import torch.distributed as dist
 
-from ppbook import experiment as ex
+from ppbook import cli, measure, workload
 from ppbook.stages import stage_module
 from ppbook.timeline import Recorder
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ex.add_common_args(p, microbatches=1, microbatches_help="always 1: naive model parallelism does not split the batch",
+    cli.add_common_args(p, microbatches=1, microbatches_help="always 1: naive model parallelism does not split the batch",
                        batch_size=16, seq_len=64, dim=128)
-    ex.add_timing_args(p)
+    cli.add_timing_args(p)
     return p.parse_args(argv)
 
 
 def validate(args: argparse.Namespace, world_size: int) -> None:
-    ex.validate_common(args, world_size)
+    cli.validate_common(args, world_size)
     if args.microbatches != 1:
         raise ValueError(f"naive model parallelism runs the whole batch at once: --microbatches must be 1, "
                          f"got {args.microbatches}; scripts/03_gpipe.py splits it")
@@ -60,7 +60,7 @@ def naive_step(stage_mod, tokens, targets, info, rec: Recorder):
         dist.send(y.detach(), dst=rank + 1)                # comm: send activation
     # === backward: wait for the next stage's gradient, compute, hand back ===
     if info.is_last:
-        loss = ex.loss_fn(y, targets)
+        loss = workload.loss_fn(y, targets)
         with rec.span(rank, "B", 0):
             loss.backward()                                # compute: backward from the loss
     else:
@@ -75,10 +75,10 @@ def naive_step(stage_mod, tokens, targets, info, rec: Recorder):
 
 
 def body(args: argparse.Namespace, info) -> int:
-    full = ex.full_model(args, info.device)  # identical on every rank
-    tokens, targets = ex.make_batch(args, 0, info.device)
+    full = workload.full_model(args, info.device)  # identical on every rank
+    tokens, targets = workload.make_batch(args, 0, info.device)
     reference = copy.deepcopy(full)
-    ref_loss = ex.reference_backward(reference, tokens, targets, 1)
+    ref_loss = workload.reference_backward(reference, tokens, targets, 1)
 
     stage_mod = stage_module(full, info.rank, info.world_size)
     rec = Recorder(info.rank)
@@ -88,26 +88,26 @@ def body(args: argparse.Namespace, info) -> int:
         stage_mod.zero_grad(set_to_none=True)
         losses.append(naive_step(stage_mod, tokens, targets, info, rec))
 
-    records = ex.timed_steps(step, rec, args.warmup, args.steps, info.device)
+    records = measure.timed_steps(step, rec, args.warmup, args.steps, info.device)
     check = [None] * info.world_size
     loss = losses[-1].item() if info.is_last else None
-    dist.all_gather_object(check, {"rank": info.rank, "loss": loss, **ex.compare(stage_mod, reference)})
-    tol = ex.tolerance(args.dtype)
+    dist.all_gather_object(check, {"rank": info.rank, "loss": loss, **workload.compare(stage_mod, reference)})
+    tol = workload.tolerance(args.dtype)
     ok = abs(check[-1]["loss"] - ref_loss) <= tol and all(c["max_grad_diff"] <= tol for c in check)
     if info.rank == 0:
-        summary = ex.summarise_steps(records)
+        summary = measure.summarise_steps(records)
         print(f"naive model parallelism on {info.world_size} processes, batch {args.batch_size}: "
               f"median step {summary['median_step_seconds'] * 1e3:.1f} ms")
         for r, b in summary["busy"].items():
             print(f"  rank {r} busy {100 * b:.0f}% of the step")
         print("MATCH: gradients equal the one-process run" if ok else "MISMATCH: gradients differ from the one-process run")
-        ex.write_json(args.json, {"world_size": info.world_size, "batch_size": args.batch_size, "microbatches": 1,
+        cli.write_json(args.json, {"world_size": info.world_size, "batch_size": args.batch_size, "microbatches": 1,
                                   "reference_loss": ref_loss, "stages": check, "match": ok, **summary})
     return 1 if (args.check and not ok) else 0
 
 
 def main(argv=None) -> int:
-    return ex.run("02_naive.py", parse_args(argv), validate, body)
+    return cli.run("02_naive.py", parse_args(argv), validate, body)
 
 
 if __name__ == "__main__":

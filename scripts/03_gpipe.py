@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
-from ppbook import experiment as ex
+from ppbook import cli, driver, measure, workload
 from ppbook.stages import stage_module
 from ppbook.timeline import Recorder
 
@@ -33,9 +33,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     # 8 layers: enough work per microbatch at m = 8 that gloo's hand-offs on a 2-core host do
     # not dominate what is being measured (see chapter 3)
-    ex.add_common_args(p, microbatches=[1, 2, 4, 8], microbatches_help="one or more values of m to sweep",
+    cli.add_common_args(p, microbatches=[1, 2, 4, 8], microbatches_help="one or more values of m to sweep",
                        batch_size=32, seq_len=64, layers=8, dim=128)
-    ex.add_timing_args(p)
+    cli.add_timing_args(p)
     p.add_argument("--impl", nargs="+", choices=IMPLS, default=list(IMPLS),
                    help="from-scratch GPipe, torch's ScheduleGPipe, or both")
     return p.parse_args(argv)
@@ -59,7 +59,7 @@ def gpipe_step(stage_mod, tokens, targets, m, info, rec: Recorder):
         with rec.span(rank, "F", i):
             y = stage_mod(x)                                # compute: forward of microbatch i
         if info.is_last:
-            losses.append(ex.loss_fn(y, mb_targets[i]))
+            losses.append(workload.loss_fn(y, mb_targets[i]))
         else:   # send without waiting: the next rank may still be busy with microbatch i-1
             sends.append(dist.isend(y.detach(), dst=rank + 1))  # comm: send activation i
         inputs.append(x)
@@ -90,14 +90,14 @@ def make_runner(impl, m, full, tokens, targets, info):
         # [start-torch]
         stage = PipelineStage(stage_mod, stage_index=info.rank, num_stages=info.world_size, device=info.device)
         rec.attach(stage)  # time every action the schedule runs on this stage
-        schedule = ScheduleGPipe(stage, n_microbatches=m, loss_fn=ex.loss_fn)
+        schedule = ScheduleGPipe(stage, n_microbatches=m, loss_fn=workload.loss_fn)
         # [end-torch]
     losses = []
 
     def step():
         stage_mod.zero_grad(set_to_none=True)
         out = gpipe_step(stage_mod, tokens, targets, m, info, rec) if impl == "scratch" else \
-            ex.schedule_step(schedule, info, tokens, targets)
+            driver.schedule_step(schedule, info, tokens, targets)
         losses.append(out)
 
     return stage_mod, rec, step, losses
@@ -111,27 +111,27 @@ def run_configs(m, full, reference, tokens, targets, args, info) -> list[dict] |
     for i in range(args.warmup + args.steps):
         warm = i < args.warmup  # unmeasured: allocator and caches settle
         for impl, (_, rec, step, _) in runners.items():
-            records[impl] += ex.timed_steps(step, rec, int(warm), int(not warm), info.device) or []
+            records[impl] += measure.timed_steps(step, rec, int(warm), int(not warm), info.device) or []
     out = []
-    tol = ex.tolerance(args.dtype)
+    tol = workload.tolerance(args.dtype)
     for impl, (stage_mod, _, _, losses) in runners.items():
-        loss = ex.mean_loss(losses[-1]) if info.is_last else None
+        loss = workload.mean_loss(losses[-1]) if info.is_last else None
         check = [None] * info.world_size
-        dist.all_gather_object(check, {"rank": info.rank, "loss": loss, **ex.compare(stage_mod, reference[m][0])})
+        dist.all_gather_object(check, {"rank": info.rank, "loss": loss, **workload.compare(stage_mod, reference[m][0])})
         if info.rank == 0:
             ok = abs(check[-1]["loss"] - reference[m][1]) <= tol and all(c["max_grad_diff"] <= tol for c in check)
             out.append({"impl": impl, "microbatches": m, "match": ok, "stages": check,
-                        "reference_loss": reference[m][1], **ex.summarise_steps(records[impl])})
+                        "reference_loss": reference[m][1], **measure.summarise_steps(records[impl])})
     return out if info.rank == 0 else None
 
 
 def body(args: argparse.Namespace, info) -> int:
-    full = ex.full_model(args, info.device)  # identical on every rank
-    tokens, targets = ex.make_batch(args, 0, info.device)
+    full = workload.full_model(args, info.device)  # identical on every rank
+    tokens, targets = workload.make_batch(args, 0, info.device)
     reference = {}
     for m in args.microbatches:  # one-process reference gradients, one per m (same microbatches)
         model = copy.deepcopy(full)
-        reference[m] = (model, ex.reference_backward(model, tokens, targets, m))
+        reference[m] = (model, workload.reference_backward(model, tokens, targets, m))
     runs = [run for m in args.microbatches for run in run_configs(m, full, reference, tokens, targets, args, info) or []]
     if info.rank != 0:
         return 0
@@ -141,14 +141,14 @@ def body(args: argparse.Namespace, info) -> int:
               f"{'MATCH' if r['match'] else 'MISMATCH'}")
     ok = all(r["match"] for r in runs)
     print("MATCH: every run's gradients equal the one-process run" if ok else "MISMATCH in at least one run")
-    ex.write_json(args.json, {"world_size": info.world_size, "batch_size": args.batch_size, "dtype": args.dtype,
+    cli.write_json(args.json, {"world_size": info.world_size, "batch_size": args.batch_size, "dtype": args.dtype,
                               "layers": args.layers, "dim": args.dim, "seq_len": args.seq_len, "runs": runs,
                               "match": ok, "torch_version": torch.__version__})
     return 1 if (args.check and not ok) else 0
 
 
 def main(argv=None) -> int:
-    return ex.run("03_gpipe.py", parse_args(argv), ex.validate_common, body)
+    return cli.run("03_gpipe.py", parse_args(argv), cli.validate_common, body)
 
 
 if __name__ == "__main__":

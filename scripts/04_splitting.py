@@ -25,7 +25,7 @@ import torch.nn as nn
 from torch.distributed.pipelining import PipelineStage, ScheduleGPipe, SplitPoint, pipeline
 from tqdm import tqdm
 
-from ppbook import experiment as ex
+from ppbook import cli, driver, measure, workload
 from ppbook import split
 from ppbook.dist import gather_to_rank0
 from ppbook.models import GPTConfig, LlamaConfig, build_model
@@ -40,8 +40,8 @@ METHODS = ("manual", "tracer")
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     # 5 layers: uneven on 2, 3 and 4 stages, where layers get dropped if anything does
-    ex.add_common_args(p, microbatches=4, batch_size=8, seq_len=32, layers=5, dim=64)
-    ex.add_timing_args(p, steps=3)
+    cli.add_common_args(p, microbatches=4, batch_size=8, seq_len=32, layers=5, dim=64)
+    cli.add_timing_args(p, steps=3)
     p.add_argument("--experiments", nargs="+", choices=EXPERIMENTS, default=["check"],
                    help="check: manual and tracer splits against one process; tied: tied weights under the "
                         "tracer; balance: three balancing policies timed; kwarg: fails on purpose")
@@ -56,7 +56,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def validate(args: argparse.Namespace, num_stages: int) -> None:
-    ex.validate_common(args, num_stages)
+    cli.validate_common(args, num_stages)
     if "balance" in args.experiments:
         for name in ("balance_vocab", "balance_dim", "balance_layers"):
             if getattr(args, name) < 1:
@@ -80,7 +80,7 @@ def config(kind: str, args, vocab=None, dim=None, layers=None) -> GPTConfig | Ll
 def manual_stage(cfg, args, info) -> nn.Module:
     """This rank's stage, built on the meta device: only its own parameters ever get memory."""
     return split.build_stage_on_meta(cfg, args.seed, info.rank, info.world_size,
-                                     dtype=ex.DTYPES[args.dtype], device=info.device)
+                                     dtype=workload.DTYPES[args.dtype], device=info.device)
 # [end-manual]
 
 
@@ -97,17 +97,17 @@ def traced_stage(full: nn.Module, mb_tokens: torch.Tensor, info):
 def run_pipeline(stage, stage_mod, tokens, targets, m, info, rec=None) -> list[torch.Tensor]:
     if rec is not None:
         rec.attach(stage)
-    schedule = ScheduleGPipe(stage, n_microbatches=m, loss_fn=ex.loss_fn)
+    schedule = ScheduleGPipe(stage, n_microbatches=m, loss_fn=workload.loss_fn)
     stage_mod.zero_grad(set_to_none=True)
-    return ex.schedule_step(schedule, info, tokens, targets)
+    return driver.schedule_step(schedule, info, tokens, targets)
 
 
 def check(kind: str, method: str, args, info, tokens, targets) -> dict | None:
     """One split of one model, one GPipe step, compared with one process by parameter name."""
     cfg, m = config(kind, args), args.microbatches
-    full = build_model(cfg, seed=args.seed, dtype=ex.DTYPES[args.dtype]).to(info.device)
+    full = build_model(cfg, seed=args.seed, dtype=workload.DTYPES[args.dtype]).to(info.device)
     reference = copy.deepcopy(full)
-    ref_loss = ex.reference_backward(reference, tokens, targets, m)
+    ref_loss = workload.reference_backward(reference, tokens, targets, m)
     if method == "manual":
         stage_mod = manual_stage(cfg, args, info)
         stage = PipelineStage(stage_mod, info.rank, info.world_size, info.device)
@@ -117,12 +117,12 @@ def check(kind: str, method: str, args, info, tokens, targets) -> dict | None:
     full_params = dict(full.named_parameters())
     weights_equal = all(torch.equal(p, full_params[n]) for n, p in stage_mod.named_parameters())
     losses = run_pipeline(stage, stage_mod, tokens, targets, m, info)
-    mine = {"rank": info.rank, "weights_equal_full": weights_equal, **ex.compare(stage_mod, reference),
-            "loss": ex.mean_loss(losses) if info.is_last else None}
+    mine = {"rank": info.rank, "weights_equal_full": weights_equal, **workload.compare(stage_mod, reference),
+            "loss": workload.mean_loss(losses) if info.is_last else None}
     stages = gather_to_rank0(mine)
     if stages is None:
         return None
-    tol = ex.tolerance(args.dtype)
+    tol = workload.tolerance(args.dtype)
     ok = all(s["weights_equal_full"] and s["max_grad_diff"] <= tol for s in stages) and \
         abs(stages[-1]["loss"] - ref_loss) <= tol
     return {"model": kind, "method": method, "layers_per_stage": [layer_ids(s["params"]) for s in stages],
@@ -137,10 +137,10 @@ def layer_ids(names: list[str]) -> list[int]:
 def tied(args, info, tokens, targets) -> dict | None:
     """A Llama whose output head reuses the embedding matrix, split by the tracer."""
     cfg, m = config("llama", args), args.microbatches
-    full = build_model(cfg, seed=args.seed, dtype=ex.DTYPES[args.dtype]).to(info.device)
+    full = build_model(cfg, seed=args.seed, dtype=workload.DTYPES[args.dtype]).to(info.device)
     full.output.weight = full.tok_embeddings.weight  # tie: one matrix, used first and last
     reference = copy.deepcopy(full)  # deepcopy keeps the tie
-    ex.reference_backward(reference, tokens, targets, m)
+    workload.reference_backward(reference, tokens, targets, m)
     stage = traced_stage(copy.deepcopy(full), tokens.chunk(m)[0], info)
     run_pipeline(stage, stage.submod, tokens, targets, m, info)
     name = "tok_embeddings.weight" if info.is_first else "output.weight" if info.is_last else None
@@ -168,14 +168,14 @@ def balance(args, info, tokens, targets) -> dict | None:
     """Split a Llama with a heavy head by each policy and time a GPipe step of each split."""
     cfg = config("llama", args, vocab=args.balance_vocab, dim=args.balance_dim, layers=args.balance_layers)
     m, p = args.microbatches, info.world_size
-    full = build_model(cfg, seed=args.seed, dtype=ex.DTYPES[args.dtype]).to(info.device)
+    full = build_model(cfg, seed=args.seed, dtype=workload.DTYPES[args.dtype]).to(info.device)
     tokens, targets = tokens % cfg.vocab_size, targets % cfg.vocab_size
     reference = copy.deepcopy(full)
-    ref_loss = ex.reference_backward(reference, tokens, targets, m)
+    ref_loss = workload.reference_backward(reference, tokens, targets, m)
     # [start-profile]
     seconds = [None]
     if info.rank == 0:  # one rank profiles, alone, on one microbatch; the others wait
-        seconds[0] = split.profile_units(full, tokens.chunk(m)[0], targets.chunk(m)[0], ex.loss_fn)
+        seconds[0] = split.profile_units(full, tokens.chunk(m)[0], targets.chunk(m)[0], workload.loss_fn)
     dist.broadcast_object_list(seconds, src=0)
     params = split.unit_params(full)
     plans = {policy: split.balance(policy, cfg.n_layers, p, params=params, seconds=seconds[0])
@@ -187,23 +187,23 @@ def balance(args, info, tokens, targets) -> dict | None:
         stage = PipelineStage(stage_mod, info.rank, p, info.device)
         rec = Recorder(info.rank)
         rec.attach(stage)
-        pipes[policy] = (stage_mod, ScheduleGPipe(stage, n_microbatches=m, loss_fn=ex.loss_fn), rec, [], [])
+        pipes[policy] = (stage_mod, ScheduleGPipe(stage, n_microbatches=m, loss_fn=workload.loss_fn), rec, [], [])
     # Rounds of one step per policy, so that a slow spell of a shared host hits every policy.
     for r in tqdm(range(args.warmup + args.steps), desc="rounds", disable=info.rank != 0):
         for policy, (stage_mod, schedule, rec, losses, records) in pipes.items():
             def step():
                 stage_mod.zero_grad(set_to_none=True)
-                losses.append(ex.schedule_step(schedule, info, tokens, targets))
+                losses.append(driver.schedule_step(schedule, info, tokens, targets))
             warm = r < args.warmup
-            records.extend(ex.timed_steps(step, rec, int(warm), int(not warm), info.device) or [])
-    runs, tol = {}, ex.tolerance(args.dtype)
+            records.extend(measure.timed_steps(step, rec, int(warm), int(not warm), info.device) or [])
+    runs, tol = {}, workload.tolerance(args.dtype)
     for policy, (stage_mod, schedule, rec, losses, records) in pipes.items():
-        mine = {"rank": info.rank, **ex.compare(stage_mod, reference),
-                "loss": ex.mean_loss(losses[-1]) if info.is_last else None}
+        mine = {"rank": info.rank, **workload.compare(stage_mod, reference),
+                "loss": workload.mean_loss(losses[-1]) if info.is_last else None}
         stages = gather_to_rank0(mine)
         if stages is None:
             continue
-        summary, layers = ex.summarise_steps(records), plans[policy]
+        summary, layers = measure.summarise_steps(records), plans[policy]
         runs[policy] = {
             "layers_per_stage": layers, "stage_params": split.stage_costs(layers, params),
             "predicted_stage_seconds": split.stage_costs(layers, [m * t for t in seconds[0]]),
@@ -232,14 +232,14 @@ def kwarg(args, info, tokens, targets) -> None:
     """Fails on purpose: the tracer wires the keyword argument to the last stage, but at run time
     only the first stage is given the model's inputs."""
     m = args.microbatches
-    full = build_model(config("gpt", args), seed=args.seed, dtype=ex.DTYPES[args.dtype]).to(info.device)
+    full = build_model(config("gpt", args), seed=args.seed, dtype=workload.DTYPES[args.dtype]).to(info.device)
     temperature = torch.ones(tokens.shape[0], 1, 1, device=info.device)  # (B, 1, 1)
     starts = [layers[0] for layers in assign_layers(len(full.layers), info.world_size)]
     pipe = pipeline(WithTemperature(full), mb_args=(tokens.chunk(m)[0],),
                     mb_kwargs={"temperature": temperature.chunk(m)[0]},
                     split_spec={f"model.layers.{s}": SplitPoint.BEGINNING for s in starts[1:]})
     stage = pipe.build_stage(info.rank, device=info.device)
-    schedule = ScheduleGPipe(stage, n_microbatches=m, loss_fn=ex.loss_fn)
+    schedule = ScheduleGPipe(stage, n_microbatches=m, loss_fn=workload.loss_fn)
     try:
         if info.is_first:
             schedule.step(tokens, temperature=temperature)  # the model's inputs go to the first stage
@@ -254,7 +254,7 @@ def kwarg(args, info, tokens, targets) -> None:
 
 
 def body(args: argparse.Namespace, info) -> int:
-    tokens, targets = ex.make_batch(args, 0, info.device)
+    tokens, targets = workload.make_batch(args, 0, info.device)
     out: dict = {"world_size": info.world_size, "microbatches": args.microbatches, "dtype": args.dtype,
                  "torch_version": torch.__version__}
     if "check" in args.experiments:
@@ -284,12 +284,12 @@ def body(args: argparse.Namespace, info) -> int:
         ok &= r["match"]
     print("MATCH: every pipeline equals the one-process run" if ok else "MISMATCH in at least one run")
     out["match"] = ok
-    ex.write_json(args.json, out)
+    cli.write_json(args.json, out)
     return 1 if (args.check and not ok) else 0
 
 
 def main(argv=None) -> int:
-    return ex.run("04_splitting.py", parse_args(argv), validate, body)
+    return cli.run("04_splitting.py", parse_args(argv), validate, body)
 
 
 if __name__ == "__main__":

@@ -25,35 +25,35 @@ import torch.distributed as dist
 from torch.distributed import pipelining
 from tqdm import tqdm
 
-from ppbook import activations, simulate, timeline
-from ppbook import experiment as ex
+from ppbook import activations, timeline
+from ppbook import cli, driver, measure, workload
 from ppbook.dist import gather_to_rank0
-from ppbook.stages import stage_module
+from ppbook.stages import TORCH_SCHEDULES, schedule_problem, stage_indices, stage_module
 
-SCHEDULES = list(simulate.TORCH_SCHEDULES)  # GPipe, 1F1B, Interleaved1F1B, LoopedBFS, ...
+SCHEDULE_NAMES = list(TORCH_SCHEDULES)  # GPipe, 1F1B, Interleaved1F1B, LoopedBFS, ...
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     # 8 layers: room for 2 stages per rank on 4 processes; 8 microbatches: every schedule runs at p = 2 and 4
-    ex.add_common_args(p, microbatches=8, batch_size=32, seq_len=64, layers=8, dim=128)
-    ex.add_timing_args(p, steps=3)
-    p.add_argument("--schedules", nargs="+", choices=SCHEDULES + ["all"], default=["all"],
+    cli.add_common_args(p, microbatches=8, batch_size=32, seq_len=64, layers=8, dim=128)
+    cli.add_timing_args(p, steps=3)
+    p.add_argument("--schedules", nargs="+", choices=SCHEDULE_NAMES + ["all"], default=["all"],
                    help="which schedule classes to run, one after another in this launch")
     p.add_argument("--stages-per-rank", type=int, default=2, help="v, for the looped schedules")
     p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate of the update after every step")
     args = p.parse_args(argv)
     if "all" in args.schedules:
-        args.schedules = SCHEDULES
+        args.schedules = SCHEDULE_NAMES
     return args
 
 
 def validate(args: argparse.Namespace, world_size: int) -> None:
-    ex.validate_common(args, world_size)
+    cli.validate_common(args, world_size)
     if args.lr < 0:
         raise ValueError(f"--lr must be at least 0, got {args.lr}")
     for name in args.schedules:  # torch's own errors come mid-way, or never (a wrong placement)
-        problem = simulate.schedule_problem(name, world_size, args.microbatches, args.stages_per_rank, args.layers)
+        problem = schedule_problem(name, world_size, args.microbatches, args.stages_per_rank, args.layers)
         if problem:
             raise ValueError(problem)
 
@@ -62,7 +62,7 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
 def build(name: str, full, args, info, probes) -> tuple:
     """This rank's stages of the full model, placed as schedule ``name`` needs, and the schedule."""
     p = info.world_size
-    indices = simulate.stage_indices(name, info.rank, p, args.stages_per_rank)  # V: [r, 2p-1-r]
+    indices = stage_indices(name, info.rank, p, args.stages_per_rank)  # V: [r, 2p-1-r]
     num_stages = p * len(indices)
     mods, stages = [], []
     for i in indices:
@@ -74,19 +74,19 @@ def build(name: str, full, args, info, probes) -> tuple:
         stages.append(stage)
     cls = getattr(pipelining, f"Schedule{name}")
     single = issubclass(cls, pipelining.schedules.PipelineScheduleSingle)
-    schedule = cls(stages[0] if single else stages, n_microbatches=args.microbatches, loss_fn=ex.loss_fn)
+    schedule = cls(stages[0] if single else stages, n_microbatches=args.microbatches, loss_fn=workload.loss_fn)
     return schedule, mods, indices, num_stages
 # [end-build]
 
 
-def train_reference(full, args, n_steps: int) -> tuple:
+def sgd_reference_model(full, args, n_steps: int) -> tuple:
     """One process, the same batches cut into the same m microbatches, the same SGD updates:
     every schedule's last loss, gradients and weights must equal these."""
     model = copy.deepcopy(full)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
     for i in range(n_steps):
         opt.zero_grad(set_to_none=True)
-        loss = ex.reference_backward(model, *ex.make_batch(args, i, next(model.parameters()).device), args.microbatches)
+        loss = workload.reference_backward(model, *workload.make_batch(args, i, next(model.parameters()).device), args.microbatches)
         opt.step()
     return model, loss
 
@@ -100,11 +100,11 @@ def run_schedule(name, full, reference, ref_loss, args, info) -> dict | None:
 
     def step():
         opt.zero_grad(set_to_none=True)
-        tokens, targets = ex.make_batch(args, len(losses), info.device)  # (B, T) each, a new batch each step
-        losses.append(ex.schedule_step(schedule, info, tokens, targets, **holds))
+        tokens, targets = workload.make_batch(args, len(losses), info.device)  # (B, T) each, a new batch each step
+        losses.append(driver.schedule_step(schedule, info, tokens, targets, **holds))
         opt.step()
 
-    records = ex.timed_steps(step, rec, args.warmup, args.steps, info.device)
+    records = measure.timed_steps(step, rec, args.warmup, args.steps, info.device)
     # one more step with the probe counting saved tensors (its hooks cost time, so not timed)
     probe.enabled = True
     dist.barrier()
@@ -112,10 +112,10 @@ def run_schedule(name, full, reference, ref_loss, args, info) -> dict | None:
     probe.start_step()
     step()
     rows = gather_to_rank0((timeline.to_json(rec.events), activations.to_json(probe.events)))
-    loss = ex.mean_loss(losses[-1]) if holds["holds_last"] else None
-    diffs = [ex.compare(mod, reference) for mod in mods]
+    loss = workload.mean_loss(losses[-1]) if holds["holds_last"] else None
+    diffs = [workload.compare(mod, reference) for mod in mods]
     check = gather_to_rank0({"rank": info.rank, "stages": indices, "loss": loss,
-                             "losses": [ex.mean_loss(mb) for mb in losses] if holds["holds_last"] else None,
+                             "losses": [workload.mean_loss(mb) for mb in losses] if holds["holds_last"] else None,
                              "max_grad_diff": max(d["max_grad_diff"] for d in diffs),
                              "max_weight_diff": max(d["max_weight_diff"] for d in diffs)})
     if info.rank != 0:
@@ -124,7 +124,7 @@ def run_schedule(name, full, reference, ref_loss, args, info) -> dict | None:
     memory = [e for r in rows for e in activations.from_json(r[1])]
     t0 = min(e.start for e in events)
     pipeline_loss = next(c["loss"] for c in check if c["loss"] is not None)
-    tol = ex.tolerance(args.dtype)
+    tol = workload.tolerance(args.dtype)
     ok = abs(pipeline_loss - ref_loss) <= tol and all(max(c["max_grad_diff"], c["max_weight_diff"]) <= tol for c in check)
     return {"schedule": name, "num_stages": num_stages, "placement": {c["rank"]: c["stages"] for c in check},
             "match": ok, "loss": pipeline_loss, "reference_loss": ref_loss,
@@ -139,13 +139,13 @@ def run_schedule(name, full, reference, ref_loss, args, info) -> dict | None:
                        "peak_in_flight_most": activations.peak_in_flight(memory, fraction=0.5),
                        "peak_bytes": activations.peak_bytes(memory),
                        "residual_bytes": sum(activations.residual_bytes(memory).values())},
-            **ex.summarise_steps(records)}
+            **measure.summarise_steps(records)}
 
 
 def body(args: argparse.Namespace, info) -> int:
-    full = ex.full_model(args, info.device)  # identical on every rank
+    full = workload.full_model(args, info.device)  # identical on every rank
     # every schedule trains from the same weights for warmup + timed steps + the probed step
-    reference, ref_loss = train_reference(full, args, args.warmup + args.steps + 1)
+    reference, ref_loss = sgd_reference_model(full, args, args.warmup + args.steps + 1)
     runs = [run_schedule(name, full, reference, ref_loss, args, info)
             for name in tqdm(args.schedules, desc="schedules", disable=info.rank != 0)]
     if info.rank != 0:
@@ -157,7 +157,7 @@ def body(args: argparse.Namespace, info) -> int:
     ok = all(r["match"] for r in runs)
     print("MATCH: every schedule's losses, gradients and updated weights equal the one-process run" if ok
           else "MISMATCH in at least one run")
-    ex.write_json(args.json, {"world_size": info.world_size, "microbatches": args.microbatches,
+    cli.write_json(args.json, {"world_size": info.world_size, "microbatches": args.microbatches,
                               "stages_per_rank": args.stages_per_rank, "batch_size": args.batch_size,
                               "layers": args.layers, "dim": args.dim, "seq_len": args.seq_len, "dtype": args.dtype,
                               "runs": runs, "match": ok, "torch_version": torch.__version__})
@@ -165,7 +165,7 @@ def body(args: argparse.Namespace, info) -> int:
 
 
 def main(argv=None) -> int:
-    return ex.run("05_schedules.py", parse_args(argv), validate, body)
+    return cli.run("05_schedules.py", parse_args(argv), validate, body)
 
 
 if __name__ == "__main__":

@@ -24,10 +24,12 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
-from ppbook import experiment as ex
+from ppbook import cli
+from ppbook.data import inputs_and_targets
+from ppbook.driver import schedule_step
 from ppbook.models import LlamaConfig, build_model
 from ppbook.stages import stage_module
-from ppbook.training import gradient_scaling_cases, microbatch_mean_loss
+from ppbook.training import TokenMeanLoss, microbatch_mean_loss
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -48,6 +50,78 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
                          f"and {args.seq_len}")
     if args.layers < world_size:
         raise ValueError(f"{world_size} processes need at least {world_size} layers, got --layers {args.layers}")
+
+
+def gradient_scaling_cases(info, m: int = 4, seq_len: int = 16, seed: int = 0) -> dict[str, float]:
+    """Run a tiny Llama through ``ScheduleGPipe`` (one stage per rank of the current process
+    group) with each loss/``scale_grads`` combination, and return for each case the largest
+    gradient difference, relative to the largest gradient, from the one-process gradient of
+    what the case should compute. float64, so ``0`` means equal and ``>1e-3`` means wrong.
+
+    ``a`` and ``b`` are two batches of ``2m`` rows; in ``a``, every other microbatch is mostly
+    padding. The target is always the mean over every counted token of the batches used.
+    """
+    cfg = LlamaConfig(vocab_size=64, dim=32, n_layers=max(2, info.world_size), n_heads=4, n_kv_heads=2,
+                      ffn_hidden_dim=64, max_seq_len=seq_len)
+    full = build_model(cfg, seed=seed, dtype=torch.float64).to(info.device)
+    rows = torch.randint(2, 64, (4 * m, seq_len + 1), generator=torch.Generator().manual_seed(seed))
+    lengths = torch.full((4 * m,), seq_len + 1)
+    lengths[:2 * m].view(m, 2)[1::2] = 3  # batch a: microbatches 1, 3, ... hold 2 real targets per row
+    a = inputs_and_targets(rows[:2 * m], lengths[:2 * m])  # tokens (2m, T), targets (2m, T)
+    b = inputs_and_targets(rows[2 * m:], lengths[2 * m:])
+    a_full = inputs_and_targets(rows[:2 * m], torch.full((2 * m,), seq_len + 1))
+
+    def reference(batches, weights=None) -> dict[str, torch.Tensor]:
+        """One process: gradient of the token mean over ``batches`` (or of sum(w * batch mean))."""
+        model = copy.deepcopy(full)
+        if weights is None:
+            loss_fn = TokenMeanLoss()
+            loss_fn.set_batch(*(t for _, t in batches))
+            loss = sum(loss_fn(model(x.to(info.device)), y.to(info.device)) for x, y in batches)
+        else:
+            loss = sum(w * microbatch_mean_loss(model(x.to(info.device)), y.to(info.device))
+                       for w, (x, y) in zip(weights, batches))
+        loss.backward()
+        return {n: p.grad for n, p in model.named_parameters()}
+
+    def pipeline(batches, loss_fn, scale_grads) -> dict[str, torch.Tensor]:
+        """``schedule.step`` once per batch, without zero_grad in between (outer accumulation)."""
+        stage_mod = stage_module(copy.deepcopy(full), info.rank, info.world_size)
+        stage = PipelineStage(stage_mod, stage_index=info.rank, num_stages=info.world_size, device=info.device)
+        schedule = ScheduleGPipe(stage, n_microbatches=m, loss_fn=loss_fn, scale_grads=scale_grads)
+        for x, y in batches:
+            schedule_step(schedule, info, x.to(info.device), y.to(info.device))
+        return {n: p.grad for n, p in stage_mod.named_parameters()}
+
+    def diff(got, want) -> float:
+        scale = max(want[n].abs().max() for n in got)
+        d = torch.tensor(max(((got[n] - want[n]).abs().max() / scale).item() for n in got), dtype=torch.float64)
+        if dist.is_initialized():
+            dist.all_reduce(d, op=dist.ReduceOp.MAX)  # the worst stage
+        return d.item()
+
+    token_mean = TokenMeanLoss()
+    cases = {}
+    # [start-cases]
+    # 1. mean loss per microbatch, scale_grads=True, no padding: the batch mean, right
+    cases["mean loss, scale_grads, no padding"] = diff(pipeline([a_full], microbatch_mean_loss, True), reference([a_full]))
+    # 2. the same with padding: each microbatch weighs the same, whatever its number of tokens
+    cases["mean loss, scale_grads, padding"] = diff(pipeline([a], microbatch_mean_loss, True), reference([a]))
+    # 3. the fix: sum over tokens / tokens in the whole batch, scale_grads=False
+    token_mean.set_batch(a[1])
+    cases["token-mean loss, no scaling, padding"] = diff(pipeline([a], token_mean, False), reference([a]))
+    # 4. two steps accumulated: scale_grads divides what the first step left by m again
+    cases["mean loss, scale_grads, 2 accumulated steps"] = diff(
+        pipeline([a_full, b], microbatch_mean_loss, True), reference([a_full, b]))
+    # ... which is exactly the gradient of mean(a) / m + mean(b), not of (mean(a) + mean(b)) / 2
+    cases["mean loss, scale_grads, 2 accumulated steps, vs mean(a)/m + mean(b)"] = diff(
+        pipeline([a_full, b], microbatch_mean_loss, True), reference([a_full, b], weights=[1 / m, 1.0]))
+    # 5. the fix: the denominator counts the tokens of every accumulated batch, scale_grads=False
+    token_mean.set_batch(a[1], b[1])
+    cases["token-mean loss, no scaling, 2 accumulated steps"] = diff(pipeline([a, b], token_mean, False),
+                                                                   reference([a, b]))
+    # [end-cases]
+    return cases
 
 
 def document_mask(doc_ids: torch.Tensor) -> torch.Tensor:
@@ -140,13 +214,13 @@ def body(args: argparse.Namespace, info) -> int:
     print(f"packed rows, one-process loss {masks['reference_loss']:.6f}")
     for name in ("tuple", "first stage only"):
         print(f"  mask passed {name:<17} loss {masks[name]['loss']:.6f}, max |grad diff| {masks[name]['max_grad_diff']:.1e}")
-    ex.write_json(args.json, {"world_size": info.world_size, "microbatches": args.microbatches,
+    cli.write_json(args.json, {"world_size": info.world_size, "microbatches": args.microbatches,
                               "scaling": scaling, "masks": masks})
     return 0
 
 
 def main(argv=None) -> int:
-    return ex.run("06_loss_and_masks.py", parse_args(argv), validate, body)
+    return cli.run("06_loss_and_masks.py", parse_args(argv), validate, body)
 
 
 if __name__ == "__main__":

@@ -34,20 +34,20 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 from tqdm import tqdm
 
 from ppbook import data as ppdata
-from ppbook import experiment as ex
+from ppbook import cli, driver, workload
 from ppbook.models import LlamaConfig, build_model
 from ppbook.stages import assign_layers, stage_module
 from ppbook.training import TokenMeanLoss, TrainState, clip_grad_norm_global, warmup_cosine
 
-SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+SCHEDULE_CLASSES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ex.add_common_args(p, batch_size=16, seq_len=64, layers=4, dim=64)
+    cli.add_common_args(p, batch_size=16, seq_len=64, layers=4, dim=64)
     p.set_defaults(vocab=512)
     p.add_argument("--kv-heads", type=int, default=2, help="key/value heads (grouped-query attention)")
-    p.add_argument("--schedule", choices=sorted(SCHEDULES), default="gpipe")
+    p.add_argument("--schedule", choices=sorted(SCHEDULE_CLASSES), default="gpipe")
     p.add_argument("--steps", type=int, default=40, help="optimizer steps")
     p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (AdamW)")
     p.add_argument("--min-lr-ratio", type=float, default=0.1, help="final learning rate as a fraction of --lr")
@@ -68,7 +68,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def validate(args: argparse.Namespace, world_size: int) -> None:
-    ex.validate_common(args, world_size)
+    cli.validate_common(args, world_size)
     if args.schedule == "1f1b" and args.microbatches < world_size:
         raise ValueError(f"1F1B needs at least as many microbatches as stages: --microbatches {args.microbatches} < "
                          f"{world_size} stages; raise --microbatches or use --schedule gpipe")
@@ -133,7 +133,7 @@ def evaluate(schedule, stage_mod, info, batches, loss_fn, args) -> float | None:
         n = loss_fn.set_batch(targets)  # this batch's scored tokens
         if args.eval_impl == "schedule":
             with torch.no_grad():
-                losses = ex.schedule_step(schedule, info, tokens, targets, forward_only=True)
+                losses = driver.schedule_step(schedule, info, tokens, targets, forward_only=True)
         else:
             losses = forward_only_by_hand(stage_mod, info, tokens, targets, args.microbatches, loss_fn)
         if info.is_last:
@@ -146,11 +146,11 @@ def evaluate(schedule, stage_mod, info, batches, loss_fn, args) -> float | None:
 def train(args, info, dataset) -> tuple[TrainState, torch.nn.Module]:
     """The pipelined run. Returns the loop's state (metrics included) and this rank's stage."""
     # [start-setup]
-    full = build_model(llama_config(args), seed=args.seed, dtype=ex.DTYPES[args.dtype])  # same on every rank
+    full = build_model(llama_config(args), seed=args.seed, dtype=workload.DTYPES[args.dtype])  # same on every rank
     stage_mod = stage_module(full, info.rank, info.world_size).to(info.device)
     stage = PipelineStage(stage_mod, stage_index=info.rank, num_stages=info.world_size, device=info.device)
     loss_fn = TokenMeanLoss()
-    schedule = SCHEDULES[args.schedule](stage, n_microbatches=args.microbatches, loss_fn=loss_fn,
+    schedule = SCHEDULE_CLASSES[args.schedule](stage, n_microbatches=args.microbatches, loss_fn=loss_fn,
                                         scale_grads=False)  # the loss is already divided by the batch's tokens
     params = list(stage_mod.parameters())
     optimizer, scheduler = optimizer_and_scheduler(params, args)
@@ -167,7 +167,7 @@ def train(args, info, dataset) -> tuple[TrainState, torch.nn.Module]:
         tokens, targets = batches.next()                     # (B, T) each, the same batch on every rank
         loss_fn.set_batch(targets)                           # how many tokens count in this batch
         optimizer.zero_grad(set_to_none=True)
-        mb_losses = ex.schedule_step(schedule, info, tokens.to(info.device), targets.to(info.device))
+        mb_losses = driver.schedule_step(schedule, info, tokens.to(info.device), targets.to(info.device))
         norm, stage_norm = clip_grad_norm_global(params, args.clip)  # comm: all-reduce of squared norms
         lr = scheduler.get_last_lr()[0]
         optimizer.step()
@@ -187,10 +187,10 @@ def train(args, info, dataset) -> tuple[TrainState, torch.nn.Module]:
     return state, stage_mod
 
 
-def train_reference(args, dataset, device) -> tuple[dict, torch.nn.Module]:
+def train_one_process(args, dataset, device) -> tuple[dict, torch.nn.Module]:
     """The same model trained in one process: same seed, same batches in the same order, the same
     microbatches, the same loss, ``clip_grad_norm_`` and optimizer."""
-    model = build_model(llama_config(args), seed=args.seed, dtype=ex.DTYPES[args.dtype]).to(device)
+    model = build_model(llama_config(args), seed=args.seed, dtype=workload.DTYPES[args.dtype]).to(device)
     optimizer, scheduler = optimizer_and_scheduler(list(model.parameters()), args)
     batches = ppdata.Batches(*dataset.train, args.batch_size, args.seed)
     held_out = ppdata.eval_batches(*dataset.eval, args.batch_size, args.eval_batches)
@@ -228,7 +228,7 @@ def body(args: argparse.Namespace, info) -> int:
     mine = {"rank": info.rank, "stage_norms": [r["stage_norm"] for r in state.train],
             "params": [n for n, _ in stage_mod.named_parameters()]}
     if args.check:
-        ref, ref_model = train_reference(args, dataset, info.device)
+        ref, ref_model = train_one_process(args, dataset, info.device)
         ref_params = dict(ref_model.named_parameters())
         mine["max_weight_diff"] = max((p.detach() - ref_params[n].detach()).abs().max().item()
                                       for n, p in stage_mod.named_parameters())
@@ -252,7 +252,7 @@ def body(args: argparse.Namespace, info) -> int:
           f"{out['eval'][-1]['loss']:.3f} (step {out['eval'][-1]['step']})")
     ok = True
     if args.check:
-        tol = ex.tolerance(args.dtype)
+        tol = workload.tolerance(args.dtype)
         losses = [r["loss"] for r in out["train"]]
         diffs = {"loss": max(abs(a - b) for a, b in zip(losses, ref["loss"])),
                  "grad_norm": max(abs(r["grad_norm"] - b) / b for r, b in zip(out["train"], ref["grad_norm"])),
@@ -264,14 +264,14 @@ def body(args: argparse.Namespace, info) -> int:
               f"{diffs['grad_norm']:.1e}, max |eval diff| {diffs['eval']:.1e}, max |weight diff| {diffs['weight']:.1e}")
         print("MATCH: the pipeline trains like one process" if ok else "MISMATCH: pipeline and one-process run differ")
     out["match"] = ok if args.check else None
-    ex.write_json(args.json, out)
+    cli.write_json(args.json, out)
     return 1 if (args.check and not ok) else 0
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # no tokenizer threads competing with the ranks
-    return ex.run("06_train.py", args, validate, body)
+    return cli.run("06_train.py", args, validate, body)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ from tqdm.auto import tqdm
 
 from ppbook import checkpoint as ckpt
 from ppbook import dist as ppdist
-from ppbook import experiment as ex
+from ppbook import cli, driver, workload
 from ppbook.stages import assign_layers, stage_module
 from ppbook.training import warmup_cosine
 
@@ -45,7 +45,7 @@ SCRIPT = "07_checkpointing.py"
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ex.add_common_args(p)
+    cli.add_common_args(p)
     p.add_argument("--steps", type=int, default=6, help="train until this many optimizer steps are done in all")
     p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (AdamW)")
     p.add_argument("--lr-warmup", type=int, default=2, help="steps of linear warm-up, then cosine decay")
@@ -71,7 +71,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def validate(args: argparse.Namespace, world_size: int) -> None:
-    ex.validate_common(args, world_size)
+    cli.validate_common(args, world_size)
     if args.save_every < 0 or args.keep < 1 or args.lr_warmup < 0 or args.lr_horizon < 1:
         raise ValueError(f"--save-every must be at least 0, --keep and --lr-horizon at least 1, --lr-warmup at least 0; "
                          f"got {args.save_every}, {args.keep}, {args.lr_horizon}, {args.lr_warmup}")
@@ -116,12 +116,12 @@ def maybe_kill(args, info, step: int, during_save: bool) -> None:
 
 def reference_digest(args, device) -> dict[str, str]:
     """The full model trained in one process from step 0, uninterrupted: what every run must equal."""
-    model = ex.full_model(args, device)
+    model = workload.full_model(args, device)
     optimizer, scheduler = make_optimizer(model, args)
     for step in range(args.steps):
-        tokens, targets = ex.make_batch(args, step, device)
+        tokens, targets = workload.make_batch(args, step, device)
         optimizer.zero_grad(set_to_none=True)
-        ex.reference_backward(model, tokens, targets, args.microbatches)
+        workload.reference_backward(model, tokens, targets, args.microbatches)
         optimizer.step()
         scheduler.step()
     return ckpt.digest(model, optimizer)
@@ -134,7 +134,7 @@ def body(args: argparse.Namespace, info) -> int:
         # and the last bits differ from a checkpoint written under torchrun
         torch.set_num_threads(1)
     log = tqdm.write if info.is_last else (lambda _: None)  # the last stage sees the losses
-    model = ex.full_model(args, info.device)
+    model = workload.full_model(args, info.device)
     if staged:
         model = stage_module(model, info.rank, info.world_size)
     options = ckpt.FLAT if args.optim_state == "flat" else ckpt.NESTED
@@ -148,18 +148,18 @@ def body(args: argparse.Namespace, info) -> int:
     # [end-resume]
     if staged:
         stage = PipelineStage(model, stage_index=info.rank, num_stages=info.world_size, device=info.device)
-        schedule = ScheduleGPipe(stage, n_microbatches=args.microbatches, loss_fn=ex.loss_fn)
+        schedule = ScheduleGPipe(stage, n_microbatches=args.microbatches, loss_fn=workload.loss_fn)
     step, position, losses, saved = train["step"], train["data_position"], {}, []
     start = step
     for _ in tqdm(range(step, args.steps), disable=not info.is_last or None, desc="steps"):
         maybe_kill(args, info, step + 1, during_save=False)
-        tokens, targets = ex.make_batch(args, position, info.device)  # (B, T) each: batch number `position`
+        tokens, targets = workload.make_batch(args, position, info.device)  # (B, T) each: batch number `position`
         optimizer.zero_grad(set_to_none=True)
         if staged:
-            mb_losses = ex.schedule_step(schedule, info, tokens, targets)
-            loss = ex.mean_loss(mb_losses) if mb_losses else None
+            mb_losses = driver.schedule_step(schedule, info, tokens, targets)
+            loss = workload.mean_loss(mb_losses) if mb_losses else None
         else:
-            loss = ex.reference_backward(model, tokens, targets, args.microbatches)
+            loss = workload.reference_backward(model, tokens, targets, args.microbatches)
         lr = scheduler.get_last_lr()[0]
         optimizer.step()
         scheduler.step()
@@ -193,7 +193,7 @@ def body(args: argparse.Namespace, info) -> int:
     if ok is not None:
         print("MATCH: bitwise equal to the full model trained in one process without interruption" if ok
               else "MISMATCH: this run differs from the uninterrupted one-process run")
-    ex.write_json(args.json, {
+    cli.write_json(args.json, {
         "world_size": info.world_size, "process_group": staged, "layers_per_stage": assign_layers(args.layers, info.world_size),
         "start_step": start, "steps": args.steps, "resumed_from": str(args.resume_path) if args.resume_path else None,
         "losses": {str(k): v for k, v in everyone[-1]["losses"].items()}, "saved": saved,
@@ -203,7 +203,7 @@ def body(args: argparse.Namespace, info) -> int:
 
 def main(argv=None) -> int:
     try:
-        return ex.run(SCRIPT, parse_args(argv), validate, body, process_group=False)
+        return cli.run(SCRIPT, parse_args(argv), validate, body, process_group=False)
     except ckpt.CheckpointError as err:  # found at load time (e.g. a file changed after validation)
         print(f"{SCRIPT}: error: {err}", file=sys.stderr)
         return 2

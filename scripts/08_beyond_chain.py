@@ -26,7 +26,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
-from ppbook import experiment as ex
+from ppbook import cli, driver, workload
 from ppbook.skip import build_skip_model, sync_tied_grads, tied_group_ranks, tied_parameter
 from ppbook.stages import stage_module
 
@@ -35,7 +35,7 @@ VARIANTS = ("skip", "tied", "tied-nosync")
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ex.add_common_args(p)
+    cli.add_common_args(p)
     p.add_argument("--steps", type=int, default=3, help="optimizer steps (AdamW)")
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
@@ -60,32 +60,32 @@ class DictOutput(nn.Module):
 def train_pipeline(stage_mod, args, info, tied_group, sync: bool) -> list[float]:
     """Train this rank's stage; the stage passes the tuple (h, skip) on, the last returns logits."""
     stage = PipelineStage(stage_mod, stage_index=info.rank, num_stages=info.world_size, device=info.device)
-    schedule = ScheduleGPipe(stage, n_microbatches=args.microbatches, loss_fn=ex.loss_fn)
+    schedule = ScheduleGPipe(stage, n_microbatches=args.microbatches, loss_fn=workload.loss_fn)
     opt = torch.optim.AdamW(stage_mod.parameters(), lr=args.lr)
     losses = []
     for step in range(args.steps):
-        tokens, targets = ex.make_batch(args, step, info.device)  # (B, T), (B, T)
+        tokens, targets = workload.make_batch(args, step, info.device)  # (B, T), (B, T)
         opt.zero_grad()
-        mb_losses = ex.schedule_step(schedule, info, tokens, targets)
+        mb_losses = driver.schedule_step(schedule, info, tokens, targets)
         if sync:
             sync_tied_grads(stage_mod, tied_group)  # comm: first + last stage's tied grads
         opt.step()
-        losses.append(ex.mean_loss(mb_losses) if mb_losses else float("nan"))
+        losses.append(workload.mean_loss(mb_losses) if mb_losses else float("nan"))
     return losses
 # [end-train]
 
 
 def run_variant(variant, args, info, tied_group) -> dict | None:
     tie = variant != "skip"
-    full = build_skip_model(ex.gpt_config(args), args.seed, tie, ex.DTYPES[args.dtype]).to(info.device)
+    full = build_skip_model(workload.gpt_config(args), args.seed, tie, workload.DTYPES[args.dtype]).to(info.device)
     reference = copy.deepcopy(full)  # one process; a tied weight stays one Parameter here
-    ref_losses = ex.train_reference(reference, args, info.device)
+    ref_losses = workload.adamw_reference_losses(reference, args, info.device)
     stage_mod = stage_module(full, info.rank, info.world_size)
     if args.stage_output == "dict" and stage_mod.output is None:
         stage_mod = DictOutput(stage_mod)
     losses = train_pipeline(stage_mod, args, info, tied_group, sync=variant == "tied")
     copy_of_tied = tied_parameter(stage_mod)
-    mine = {"rank": info.rank, **ex.compare(stage_mod, reference), "losses": losses,
+    mine = {"rank": info.rank, **workload.compare(stage_mod, reference), "losses": losses,
             "tied_copy": copy_of_tied.detach().cpu() if copy_of_tied is not None else None}
     everyone = [None] * info.world_size
     dist.all_gather_object(everyone, mine)
@@ -96,7 +96,7 @@ def run_variant(variant, args, info, tied_group) -> dict | None:
     copy_diff = (copies[0] - copies[-1]).abs().max().item() if tie else None
     pipe_losses = everyone[-1]["losses"]
     loss_diff = max(abs(a - b) for a, b in zip(pipe_losses, ref_losses))
-    tol = ex.tolerance(args.dtype)
+    tol = workload.tolerance(args.dtype)
     ok = loss_diff <= tol and all(r["max_grad_diff"] <= tol and r["max_weight_diff"] <= tol for r in everyone)
     return {"variant": variant, "pipeline_losses": pipe_losses, "reference_losses": ref_losses,
             "max_loss_diff": loss_diff, "tied_copy_diff": copy_diff, "stages": everyone, "match": ok}
@@ -119,14 +119,14 @@ def body(args: argparse.Namespace, info) -> int:
     expected = {r["variant"]: r["variant"] != "tied-nosync" or info.world_size == 1 for r in runs}
     ok = all(r["match"] == expected[r["variant"]] for r in runs)
     print("as expected: tuples and summed tied gradients reproduce one process" if ok else "UNEXPECTED result")
-    ex.write_json(args.json, {"world_size": info.world_size, "microbatches": args.microbatches, "dtype": args.dtype,
-                              "steps": args.steps, "tolerance": ex.tolerance(args.dtype), "runs": runs,
+    cli.write_json(args.json, {"world_size": info.world_size, "microbatches": args.microbatches, "dtype": args.dtype,
+                              "steps": args.steps, "tolerance": workload.tolerance(args.dtype), "runs": runs,
                               "as_expected": ok, "torch_version": torch.__version__})
     return 1 if (args.check and not ok) else 0
 
 
 def main(argv=None) -> int:
-    return ex.run("08_beyond_chain.py", parse_args(argv), ex.validate_common, body)
+    return cli.run("08_beyond_chain.py", parse_args(argv), cli.validate_common, body)
 
 
 if __name__ == "__main__":

@@ -36,13 +36,13 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from ppbook import dist as ppdist
-from ppbook import experiment as ex
+from ppbook import cli, driver, workload
 from ppbook.stages import stage_module
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ex.add_common_args(p, microbatches=2, microbatches_help="microbatches per replica's pipeline",
+    cli.add_common_args(p, microbatches=2, microbatches_help="microbatches per replica's pipeline",
                        batch_size=16)
     p.add_argument("--dp", type=int, default=2, help="data-parallel replicas; pipeline stages = world size / dp")
     p.add_argument("--steps", type=int, default=3, help="optimizer steps (AdamW)")
@@ -63,7 +63,7 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
     if args.dp < 1 or world_size % args.dp:
         raise ValueError(f"--dp {args.dp} must divide the number of processes ({world_size}); "
                          f"pick --dp from {[d for d in range(1, world_size + 1) if world_size % d == 0]}")
-    ex.validate_common(args, world_size // args.dp)
+    cli.validate_common(args, world_size // args.dp)
     if args.batch_size % (args.dp * args.microbatches):
         raise ValueError(f"--batch-size {args.batch_size} must split into --dp {args.dp} replicas of "
                          f"--microbatches {args.microbatches} equal microbatches; try --batch-size "
@@ -90,7 +90,7 @@ def build_replicated_stage(args, info):
     pp = info.world_size // args.dp
     mesh = init_device_mesh(info.device.type, (args.dp, pp), mesh_dim_names=("dp", "pp"))
     dp_rank, pp_rank = mesh.get_local_rank("dp"), mesh.get_local_rank("pp")  # row, column of the mesh
-    stage_mod = stage_module(ex.full_model(args, info.device), pp_rank, pp)  # same seed on every rank
+    stage_mod = stage_module(workload.full_model(args, info.device), pp_rank, pp)  # same seed on every rank
     # FSDP2 shards this stage over the replicas holding the same stage (a mesh column) and
     # reduce-scatters (averages) their gradients after the last microbatch's backward
     wrapped = stage_mod
@@ -110,17 +110,17 @@ def train(args: argparse.Namespace, info: ppdist.DistInfo) -> dict | None:
     if info.device.type == "cpu":
         torch.set_num_threads(1)  # the same kernels, hence the same bits, whatever the launcher
     stage, stage_mod, mesh, dp_rank, pp_rank = build_replicated_stage(args, info)
-    schedule = ScheduleGPipe(stage, n_microbatches=args.microbatches, loss_fn=ex.loss_fn)
+    schedule = ScheduleGPipe(stage, n_microbatches=args.microbatches, loss_fn=workload.loss_fn)
     opt = torch.optim.AdamW(stage_mod.parameters(), lr=args.lr)
     where = types.SimpleNamespace(is_first=stage.is_first, is_last=stage.is_last)
     losses, t0 = [], time.perf_counter()
     for step in tqdm(range(args.steps), desc="PP x DP steps", disable=info.rank != 0):
-        tokens, targets = ex.make_batch(args, step, info.device)  # combined batch (B, T), every rank
+        tokens, targets = workload.make_batch(args, step, info.device)  # combined batch (B, T), every rank
         mine = tokens.chunk(args.dp)[dp_rank], targets.chunk(args.dp)[dp_rank]  # (B/dp, T) each
         opt.zero_grad()
-        mb_losses = ex.schedule_step(schedule, where, *mine)  # FSDP reduces after the last backward
+        mb_losses = driver.schedule_step(schedule, where, *mine)  # FSDP reduces after the last backward
         opt.step()
-        loss = torch.tensor([ex.mean_loss(mb_losses) if mb_losses else 0.0], dtype=torch.float64,
+        loss = torch.tensor([workload.mean_loss(mb_losses) if mb_losses else 0.0], dtype=torch.float64,
                             device=info.device)  # NCCL reduces only GPU tensors
         dist.all_reduce(loss)  # comm: the last stages' losses (the others add zero)
         losses.append(loss.item() / args.dp)
@@ -137,16 +137,16 @@ def report(args, info, stage_mod, losses, dp_rank, pp_rank, seconds) -> dict | N
     if info.rank != 0:
         return None
     # the reference: the full model, the combined batch cut into dp x m microbatches, in order
-    reference = ex.full_model(args, torch.device("cpu"))
+    reference = workload.full_model(args, torch.device("cpu"))
     ref_args = argparse.Namespace(**{**vars(args), "microbatches": args.dp * args.microbatches})
-    ref_losses = ex.train_reference(reference, ref_args, "cpu")
+    ref_losses = workload.adamw_reference_losses(reference, ref_args, "cpu")
     ref = dict(reference.named_parameters())
     for r in everyone:
         r["max_weight_diff"] = max((w - ref[n].detach()).abs().max().item() for n, w in r.pop("weights").items())
     replicas_equal = all(len({r["digest"] for r in everyone if r["pp_rank"] == s}) == 1
                          for s in {r["pp_rank"] for r in everyone})
     loss_diff = max(abs(a - b) for a, b in zip(losses, ref_losses))
-    tol = ex.tolerance(args.dtype)
+    tol = workload.tolerance(args.dtype)
     ok = replicas_equal and loss_diff <= tol and all(r["max_weight_diff"] <= tol for r in everyone)
     return {"world_size": info.world_size, "dp": args.dp, "pp": info.world_size // args.dp,
             "microbatches": args.microbatches, "batch_size": args.batch_size, "dtype": args.dtype,
@@ -169,7 +169,7 @@ def body(args: argparse.Namespace, info: ppdist.DistInfo) -> int:
     if result is None:
         return 0
     print_result(result)
-    ex.write_json(args.json, result)
+    cli.write_json(args.json, result)
     return 1 if (args.check and not result["match"]) else 0
 
 
@@ -221,7 +221,7 @@ def run_with_ray(args: argparse.Namespace) -> dict:
 def main(argv=None) -> int:
     args = parse_args(argv)
     if not args.ray_workers:
-        return ex.run("09_scaling_out.py", args, validate, body)
+        return cli.run("09_scaling_out.py", args, validate, body)
     try:  # on a cluster the driver may sit on a CPU-only head node: the workers have the GPUs
         validate(argparse.Namespace(**{**vars(args), "device": "cpu"}) if args.ray_address else args,
                  args.ray_workers)
@@ -230,7 +230,7 @@ def main(argv=None) -> int:
         return 2
     result = run_with_ray(args)
     print_result(result)
-    ex.write_json(args.json, result)
+    cli.write_json(args.json, result)
     return 1 if (args.check and not result["match"]) else 0
 
 

@@ -28,7 +28,7 @@ from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 from torch.utils.checkpoint import checkpoint
 
 from ppbook import dist as ppdist
-from ppbook import experiment as ex
+from ppbook import cli, workload
 from ppbook.stages import assign_layers
 
 
@@ -45,7 +45,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=2, help="SGD steps")
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dtype", choices=sorted(ex.DTYPES), default="float32")
+    p.add_argument("--dtype", choices=sorted(workload.DTYPES), default="float32")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                    help="old Pipe's devices: with cuda, rank r uses cuda:r")
     p.add_argument("--check", action="store_true", help="fail unless the pipeline matches the one-process run")
@@ -83,7 +83,7 @@ def build_model(args: argparse.Namespace) -> nn.Sequential:
     """The kind of model the old Pipe took: an nn.Sequential, cut between its children."""
     torch.manual_seed(args.seed)
     blocks = [nn.Sequential(nn.Linear(args.dim, args.dim), nn.Tanh()) for _ in range(args.layers - 1)]
-    return nn.Sequential(*blocks, nn.Linear(args.dim, args.dim)).to(ex.DTYPES[args.dtype])
+    return nn.Sequential(*blocks, nn.Linear(args.dim, args.dim)).to(workload.DTYPES[args.dtype])
 # [end-model]
 
 
@@ -118,7 +118,7 @@ class Checkpointed(nn.Module):
 
 def make_batch(args: argparse.Namespace, step: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(args.seed * 10_000 + step)
-    x = torch.randn(args.batch_size, args.dim, generator=g, dtype=ex.DTYPES[args.dtype])
+    x = torch.randn(args.batch_size, args.dim, generator=g, dtype=workload.DTYPES[args.dtype])
     return x.to(device), torch.sin(x).to(device)  # inputs (B, D), targets (B, D)
 
 
@@ -149,12 +149,12 @@ def train_pipeline(stage_mod: nn.Module, args, info) -> tuple[list[float], torch
         opt.step()
         if step == 0 and info.is_last:
             first_output = out.detach()                           # (B, D), merged from the microbatches
-        losses.append(ex.mean_loss(mb_losses) if mb_losses else float("nan"))
+        losses.append(workload.mean_loss(mb_losses) if mb_losses else float("nan"))
     return losses, first_output
 # [end-after]
 
 
-def train_reference(model: nn.Module, args, device) -> tuple[list[float], torch.Tensor]:
+def sgd_reference_losses(model: nn.Module, args, device) -> tuple[list[float], torch.Tensor]:
     """The same model in one process, same microbatches in the same order, each loss / chunks."""
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
     losses, first_output = [], None
@@ -169,28 +169,28 @@ def train_reference(model: nn.Module, args, device) -> tuple[list[float], torch.
             mb_losses.append(mse(out, yc))
         opt.step()
         first_output = torch.cat(outs) if step == 0 else first_output
-        losses.append(ex.mean_loss(mb_losses))
+        losses.append(workload.mean_loss(mb_losses))
     return losses, first_output
 
 
 def body(args: argparse.Namespace, info) -> int:
     full = build_model(args).to(info.device)                      # identical on every rank: one seed
     reference = copy.deepcopy(full)
-    ref_losses, ref_output = train_reference(reference, args, info.device)
+    ref_losses, ref_output = sgd_reference_losses(reference, args, info.device)
 
     layers = layers_of_stages(args.balance, args.layers, info.world_size)
     stage_seq = keep_only(full, layers[info.rank])
     stage_mod = Checkpointed(stage_seq) if args.checkpoint == "always" else stage_seq
     losses, output = train_pipeline(stage_mod, args, info)
 
-    mine = {"rank": info.rank, "layers": layers[info.rank], **ex.compare(stage_seq, reference)}
+    mine = {"rank": info.rank, "layers": layers[info.rank], **workload.compare(stage_seq, reference)}
     if info.is_last:
         mine["losses"] = losses
         mine["max_output_diff"] = (output - ref_output).abs().max().item()
     everyone = [None] * info.world_size
     dist.all_gather_object(everyone, mine)
     last = everyone[-1]
-    tol = ex.tolerance(args.dtype)
+    tol = workload.tolerance(args.dtype)
     loss_diff = max(abs(a - b) for a, b in zip(last["losses"], ref_losses))
     ok = (loss_diff <= tol and last["max_output_diff"] <= tol
           and all(r["max_grad_diff"] <= tol and r["max_weight_diff"] <= tol for r in everyone))
@@ -200,7 +200,7 @@ def body(args: argparse.Namespace, info) -> int:
                   f"max |grad - ref| = {r['max_grad_diff']:.1e}, max |weight - ref| = {r['max_weight_diff']:.1e}")
         print(f"max |output - ref| = {last['max_output_diff']:.1e}; losses {last['losses']} vs {ref_losses}")
         print("MATCH: the pipeline reproduces the one-process run" if ok else "MISMATCH")
-        ex.write_json(args.json, {
+        cli.write_json(args.json, {
             "world_size": info.world_size, "chunks": args.chunks, "balance": args.balance,
             "checkpoint": args.checkpoint, "layers_per_stage": layers, "pipeline_losses": last["losses"],
             "reference_losses": ref_losses, "max_loss_diff": loss_diff, "max_output_diff": last["max_output_diff"],
@@ -210,7 +210,7 @@ def body(args: argparse.Namespace, info) -> int:
 
 
 def main(argv=None) -> int:
-    return ex.run("a1_migrate.py", parse_args(argv), validate, body)
+    return cli.run("a1_migrate.py", parse_args(argv), validate, body)
 
 
 if __name__ == "__main__":

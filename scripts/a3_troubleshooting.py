@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleZBVZeroBubble
 
 from ppbook import errors, timeline
-from ppbook import experiment as ex
+from ppbook import cli, driver, workload
 from ppbook.stages import stage_module
 
 MISTAKES = ("none", "indivisible", "too-few-microbatches", "wrong-v-placement", "shape-mismatch",
@@ -30,14 +30,14 @@ SPARE_BYTES = 2 << 30  # wrong-v-placement: at most 2 GiB more address space tha
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ex.add_common_args(p, batch_size=8, seq_len=8, layers=4, dim=16)
+    cli.add_common_args(p, batch_size=8, seq_len=8, layers=4, dim=16)
     p.add_argument("--mistake", choices=MISTAKES, required=True, help="which rule to break")
     p.add_argument("--dump-dir", default=None, help="hang: each rank writes what it completed to DIR/rankN.json")
     return p.parse_args(argv)
 
 
 def validate(args: argparse.Namespace, num_stages: int) -> None:
-    # deliberately NOT ex.validate_common: it would refuse the mistakes before torch sees them
+    # deliberately NOT cli.validate_common: it would refuse the mistakes before torch sees them
     if num_stages != 2:
         raise ValueError(f"every mistake is staged on exactly 2 processes, got {num_stages}; use --nproc-per-node 2")
     if args.dump_dir and not os.path.isdir(args.dump_dir):
@@ -47,22 +47,17 @@ def validate(args: argparse.Namespace, num_stages: int) -> None:
                          "--timeout positive; --mistake then breaks one rule")
 
 
-def v_stages(rank: int, p: int) -> tuple[int, int]:
-    """The two stages a V-style schedule (ZBV, DualPipeV) expects on ``rank`` of ``p``: r and 2p-1-r."""
-    return rank, 2 * p - 1 - rank
-
-
 def wrong_v_placement(args, info, tokens, targets) -> int:
     p = info.world_size
-    mine = (info.rank, info.rank + p)  # the mistake: interleaved placement (0, 2) and (1, 3), not v_stages
+    mine = (info.rank, info.rank + p)  # the mistake: interleaved (0, 2), (1, 3), not stages.stage_indices's V
     # Nothing checks the placement: the ranks then exchange the wrong messages and one of them reads a
     # garbage object size. Bound this process's memory so that allocation fails at once.
     limit = _address_space() + SPARE_BYTES
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    stages = [PipelineStage(stage_module(ex.full_model(args, info.device), s, 2 * p), s, 2 * p, info.device)
+    stages = [PipelineStage(stage_module(workload.full_model(args, info.device), s, 2 * p), s, 2 * p, info.device)
               for s in mine]
-    schedule = ScheduleZBVZeroBubble(stages, n_microbatches=args.microbatches, loss_fn=ex.loss_fn)
-    ex.schedule_step(schedule, info, tokens, targets)
+    schedule = ScheduleZBVZeroBubble(stages, n_microbatches=args.microbatches, loss_fn=workload.loss_fn)
+    driver.schedule_step(schedule, info, tokens, targets)
     return 0
 
 
@@ -84,14 +79,14 @@ def hang(schedule, stage, info, tokens, targets, dump_dir: str | None) -> int:
             if step == 1 and info.is_last:
                 dist.barrier()                                  # the mistake: a collective rank 0 never joins
             else:
-                ex.schedule_step(schedule, info, tokens, targets)
+                driver.schedule_step(schedule, info, tokens, targets)
     except Exception as err:
         done = " ".join(e.label for e in rec.events) or "nothing"
         message = errors.without_source_path(str(err).splitlines()[0])
         print(f"[flight record] rank {info.rank}, step {step}: completed {done}; then "
               f"{type(err).__name__}: {message[:150]}", flush=True)
         if dump_dir:  # one file per rank, readable after every process has died
-            ex.write_json(os.path.join(dump_dir, f"rank{info.rank}.json"), {
+            cli.write_json(os.path.join(dump_dir, f"rank{info.rank}.json"), {
                 "rank": info.rank, "step": step, "completed": timeline.to_json(rec.events),
                 "error": f"{type(err).__name__}: {message}"})
         raise
@@ -99,18 +94,18 @@ def hang(schedule, stage, info, tokens, targets, dump_dir: str | None) -> int:
 
 
 def body(args: argparse.Namespace, info) -> int:
-    tokens, targets = ex.make_batch(args, 0, info.device)         # (B, T) each
+    tokens, targets = workload.make_batch(args, 0, info.device)         # (B, T) each
     if args.mistake == "indivisible":
         tokens, targets = tokens[:-1], targets[:-1]               # the mistake: B-1 rows, not a multiple of m
     if args.mistake == "wrong-v-placement":
         return wrong_v_placement(args, info, tokens, targets)
     if args.mistake == "shape-mismatch" and info.is_last:
         args.dim *= 2                                             # the mistake: stage 1 built for another width
-    stage_mod = stage_module(ex.full_model(args, info.device), info.rank, info.world_size)
+    stage_mod = stage_module(workload.full_model(args, info.device), info.rank, info.world_size)
     stage = PipelineStage(stage_mod, info.rank, info.world_size, info.device)
     m = 1 if args.mistake == "too-few-microbatches" else args.microbatches
     make = Schedule1F1B if args.mistake == "too-few-microbatches" else ScheduleGPipe
-    schedule = make(stage, n_microbatches=m, loss_fn=ex.loss_fn)  # 1F1B refuses m < number of stages
+    schedule = make(stage, n_microbatches=m, loss_fn=workload.loss_fn)  # 1F1B refuses m < number of stages
     if args.mistake == "hang":
         return hang(schedule, stage, info, tokens, targets, args.dump_dir)
     if args.mistake == "target-not-last":
@@ -120,15 +115,15 @@ def body(args: argparse.Namespace, info) -> int:
     elif args.mistake == "no-target" and info.is_last:
         schedule.step()                                           # the mistake: the last rank has no target
     else:
-        ex.schedule_step(schedule, info, tokens, targets)
+        driver.schedule_step(schedule, info, tokens, targets)
     if info.rank == 0:
         print(f"--mistake {args.mistake}: the step completed on every rank")
-        ex.write_json(args.json, {"mistake": args.mistake, "completed": True})
+        cli.write_json(args.json, {"mistake": args.mistake, "completed": True})
     return 0
 
 
 def main(argv=None) -> int:
-    return ex.run("a3_troubleshooting.py", parse_args(argv), validate, body)
+    return cli.run("a3_troubleshooting.py", parse_args(argv), validate, body)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ def test_simulator_reproduces_the_closed_forms(p, m, schedule, f, b):
     """Equal stage costs, no latency: step = (m + p - 1)(F + B), each rank busy m (F + B)."""
     if schedule == "1F1B" and m < p:
         pytest.skip("1F1B needs m >= p")
-    events = simulate.simulate(simulate.SCHEDULES[schedule](p, m), {"F": f, "B": b})
+    events = simulate.simulate(simulate.HAND_WRITTEN_ORDERS[schedule](p, m), {"F": f, "B": b})
     t0, t1 = timeline.span(events)
     assert math.isclose(t1 - t0, (m + p - 1) * (f + b))
     for rank, busy in timeline.busy_fractions(events).items():
@@ -106,11 +106,11 @@ def test_latency_can_be_drawn_per_handoff():
 
 def test_predicted_vs_measured_on_a_simulated_run():
     """A 'measured' run that is itself a simulation is predicted exactly."""
-    from ppbook import experiment
+    from ppbook import fit, measure
 
     order = simulate.gpipe_order(2, 4)
     events = simulate.simulate(order, {"F": 1.0, "B": 2.0}, latency=0.25)
-    step = experiment.step_summary(events, seconds=timeline.span(events)[1])
-    measured, predicted = experiment.predicted_vs_measured({"steps": [step, step]}, order, draws=5)
+    step = measure.step_summary(events, seconds=timeline.span(events)[1])
+    measured, predicted = fit.predicted_vs_measured({"steps": [step, step]}, order, draws=5)
     assert math.isclose(measured, predicted)
     assert math.isclose(measured, sum(timeline.busy_fractions(events).values()) / 2)

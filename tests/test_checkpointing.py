@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from ppbook import checkpoint as ckpt
-from ppbook import experiment as ex
+from ppbook import workload
 from conftest import assert_one_error_line
 from ppbook import launch
 from ppbook.models import GPTConfig, build_model
@@ -29,7 +29,7 @@ def tiny(seed=0):
 def train_one_step(model, opt):
     tokens = torch.randint(0, 32, (2, 8), generator=torch.Generator().manual_seed(1))
     opt.zero_grad()
-    ex.loss_fn(model(tokens), tokens).backward()
+    workload.loss_fn(model(tokens), tokens).backward()
     opt.step()
 
 

@@ -9,11 +9,11 @@ import pytest
 import torch
 import torch.nn as nn
 
-from ppbook import activations, bubble, launch, simulate, timeline
+from ppbook import activations, bubble, launch, simulate, stages, timeline
 from ppbook.simulate import Action
 
 warnings.filterwarnings("ignore", message=".*torch.compile.*")
-NAMES = list(simulate.TORCH_SCHEDULES)
+NAMES = list(stages.TORCH_SCHEDULES)
 
 
 def bubble_per_rank(order, costs) -> float:
@@ -28,9 +28,9 @@ def bubble_per_rank(order, costs) -> float:
 @pytest.mark.parametrize("p,m", [(2, 4), (2, 8), (4, 8)])
 def test_every_order_runs_each_pass_once_on_the_right_rank(name, p, m):
     order = simulate.torch_order(name, p, m)
-    v = simulate.stages_per_rank(name)
+    v = stages.stages_per_rank(name)
     for rank, acts in order.items():
-        assert {a.stage for a in acts} == set(simulate.stage_indices(name, rank, p)), (name, rank)
+        assert {a.stage for a in acts} == set(stages.stage_indices(name, rank, p)), (name, rank)
     acts = [a for acts in order.values() for a in acts]
     assert len(acts) == len(set(acts))
     for stage in range(p * v):
@@ -53,23 +53,23 @@ def test_schedule_problem_agrees_with_torch():
     """The up-front validation refuses exactly what torch refuses, for every schedule."""
     for name in NAMES:
         for p in (1, 2, 3, 4):
-            for v in ((2, 3) if simulate.TORCH_SCHEDULES[name] == "loop" else (2,)):
+            for v in ((2, 3) if stages.placement(name) == "loop" else (2,)):
                 for m in range(1, 17):
                     try:
                         simulate.torch_order(name, p, m, v)
                         torch_ok = True
                     except ValueError:
                         torch_ok = False
-                    problem = simulate.schedule_problem(name, p, m, v)
+                    problem = stages.schedule_problem(name, p, m, v)
                     assert torch_ok == (problem is None), (name, p, v, m, problem)
                     assert problem is None or "\n" not in problem
 
 
 def test_schedule_problem_messages_say_how_to_fix():
-    assert "use 4 or more" in simulate.schedule_problem("DualPipeV", 2, 3)
-    assert "try 4 or 6" in simulate.schedule_problem("Interleaved1F1B", 2, 5)
-    assert "raise --layers to 8" in simulate.schedule_problem("LoopedBFS", 4, 8, 2, layers=6)
-    assert "at least 2 stages per rank" in simulate.schedule_problem("LoopedBFS", 2, 8, 1)
+    assert "use 4 or more" in stages.schedule_problem("DualPipeV", 2, 3)
+    assert "try 4 or 6" in stages.schedule_problem("Interleaved1F1B", 2, 5)
+    assert "raise --layers to 8" in stages.schedule_problem("LoopedBFS", 4, 8, 2, layers=6)
+    assert "at least 2 stages per rank" in stages.schedule_problem("LoopedBFS", 2, 8, 1)
 
 
 # --- closed forms ---------------------------------------------------------------------------------
@@ -131,7 +131,7 @@ def test_no_order_beats_the_last_ranks_wait_for_its_first_input(name, p):
     """In a step all ranks start together, the last rank idles (p-1) T_F before its first input
     arrives: why ZB-H2's (p-1)(T_F + T_B - 2 T_W) needs the paper's unsynchronised optimizer step."""
     f, i, w = 1.0, 1.0, 1.0
-    v = simulate.stages_per_rank(name)
+    v = stages.stages_per_rank(name)
     idle = bubble_per_rank(simulate.torch_order(name, p, 4 * p), {"F": f / v, "I": i / v, "W": w / v, "B": (i + w) / v})
     assert idle >= (p - 1) * f / v - 1e-9
     assert bubble.zb_h2_bubble(p, f, i, w) < (p - 1) * f / v

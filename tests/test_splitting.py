@@ -9,7 +9,7 @@ import torch
 
 from conftest import assert_one_line_error
 from ppbook import launch, split
-from ppbook.experiment import loss_fn
+from ppbook.workload import loss_fn
 from ppbook.models import GPTConfig, Llama, LlamaConfig, build_model, count_parameters
 from ppbook.stages import assign_layers, keep_parts, stage_module
 

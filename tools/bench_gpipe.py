@@ -16,7 +16,7 @@ from pathlib import Path
 from statistics import median
 
 from ppbook import launch, simulate
-from ppbook.experiment import predicted_vs_measured
+from ppbook.fit import predicted_vs_measured
 
 
 def main(argv=None) -> int:

@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 
 from ppbook import launch, simulate
-from ppbook.experiment import predicted_step_time
+from ppbook.fit import predicted_step_time
 
 
 def main(argv=None) -> int:

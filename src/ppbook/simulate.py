@@ -1,6 +1,7 @@
 """A dependency-driven simulator of pipeline schedules.
 
-Introduced in chapter 3 ("GPipe and the bubble"); the schedules chapter extends it.
+Introduced in chapter 2 ("Naive model parallelism"), which replays its measured timeline; chapter 3
+("GPipe and the bubble") and the schedules chapter extend it.
 
 A schedule is, for each rank, the *order* in which it runs its actions. The simulator gives
 each action a cost and starts it as soon as (a) its rank has finished the previous action in
@@ -17,6 +18,8 @@ import functools
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
+from ppbook.dataflow import waits_on
+from ppbook.stages import stages_per_rank
 from ppbook.timeline import Event
 
 
@@ -52,30 +55,8 @@ def one_f_one_b_order(p: int, m: int) -> Order:
     return order
 
 
-SCHEDULES: dict[str, Callable[[int, int], Order]] = {"GPipe": gpipe_order, "1F1B": one_f_one_b_order}
-
-# The seven schedule classes of torch.distributed.pipelining 2.13, with how many stages each
-# rank holds and where: "single" (stage r on rank r), "loop" (r, r + p, ...), "v" (r and 2p-1-r).
-# Introduced in chapter 5 ("The schedules").
-TORCH_SCHEDULES: dict[str, str] = {
-    "GPipe": "single", "1F1B": "single", "Interleaved1F1B": "loop", "LoopedBFS": "loop",
-    "InterleavedZeroBubble": "loop", "ZBVZeroBubble": "v", "DualPipeV": "v",
-}
-
-
-def stage_indices(name: str, rank: int, p: int, v: int = 2) -> list[int]:
-    """The stages rank ``rank`` of ``p`` holds under schedule ``name`` (``v`` stages per rank for
-    the looped ones; the V-shaped ones always hold two)."""
-    placement = TORCH_SCHEDULES[name]
-    if placement == "single":
-        return [rank]
-    if placement == "loop":
-        return [rank + i * p for i in range(v)]
-    return [rank, 2 * p - 1 - rank]
-
-
-def stages_per_rank(name: str, v: int = 2) -> int:
-    return {"single": 1, "loop": v, "v": 2}[TORCH_SCHEDULES[name]]
+# The two orders written out here, by the name torch's schedule class has after "Schedule".
+HAND_WRITTEN_ORDERS: dict[str, Callable[[int, int], Order]] = {"GPipe": gpipe_order, "1F1B": one_f_one_b_order}
 
 
 def torch_order(name: str, p: int, m: int, v: int = 2) -> Order:
@@ -144,20 +125,10 @@ def _cost_fn(costs: Costs) -> Callable[[Action], float]:
 
 
 def _dependency(a: Action, num_stages: int, present: set[Action] | None = None) -> Action | None:
-    if a.kind == "F":
-        return Action(a.stage - 1, "F", a.microbatch) if a.stage > 0 else None
-    if a.kind in ("B", "I"):
-        if a.stage == num_stages - 1:
-            return Action(a.stage, "F", a.microbatch)  # the loss needs this stage's own forward
-        # the input gradient of the next stage, from its full backward or its input-grad pass
-        # (DualPipeV mixes both kinds)
-        dep = Action(a.stage + 1, a.kind, a.microbatch)
-        if present is not None and dep not in present:
-            dep = Action(a.stage + 1, "I" if a.kind == "B" else "B", a.microbatch)
-        return dep
-    if a.kind == "W":
-        return Action(a.stage, "I", a.microbatch)
-    raise ValueError(f"unknown action kind {a.kind!r}")
+    """The action ``a`` waits on (:func:`ppbook.dataflow.waits_on`), among ``present`` if given."""
+    has = (lambda key: True) if present is None else (lambda key: Action(*key) in present)
+    dep = waits_on(a.stage, a.kind, a.microbatch, num_stages, has)
+    return None if dep is None else Action(*dep)
 
 
 def simulate(order: Order, costs: Costs, latency: float | Callable[[Action, Action], float] = 0.0,
@@ -211,34 +182,6 @@ def simulate(order: Order, costs: Costs, latency: float | Callable[[Action, Acti
             stuck = {r: str(acts[position[r]]) for r, acts in order.items() if position[r] < len(acts)}
             raise ValueError(f"schedule deadlocks: each rank waits on an action no rank can run: {stuck}")
     return sorted(done.values(), key=lambda e: (e.start, e.rank))
-
-
-def schedule_problem(name: str, p: int, m: int, v: int = 2, layers: int | None = None) -> str | None:
-    """Why torch's ``Schedule<name>`` cannot run ``m`` microbatches on ``p`` ranks (``v`` stages
-    per rank for the looped schedules), as one line that says how to fix it; ``None`` if it can.
-
-    Torch 2.13 raises some of these itself, mid-way through building the schedule, in its own
-    words; a wrong stage placement it does not check at all.
-    """
-    placement = TORCH_SCHEDULES[name]
-    if placement == "loop" and v < 2:
-        return f"{name} needs at least 2 stages per rank, got --stages-per-rank {v}; use 2 or more, or Schedule1F1B"
-    total = p * stages_per_rank(name, v)
-    if layers is not None and layers < total:
-        return (f"{name} on {p} processes has {total} stages of at least one layer each, but --layers is {layers}; "
-                f"raise --layers to {total} or more")
-    if name == "1F1B" and m < p:
-        return f"Schedule1F1B needs at least as many microbatches as stages ({p}), got --microbatches {m}; use {p} or more"
-    if name == "DualPipeV" and m < total:
-        return (f"ScheduleDualPipeV needs at least as many microbatches as stages (2 x {p} = {total}), "
-                f"got --microbatches {m}; use {total} or more")
-    if name in ("Interleaved1F1B", "InterleavedZeroBubble"):
-        rounds = max(1, m // p)
-        if m % rounds:
-            ok = sorted({k for k in range(1, 4 * m + 1) if k % max(1, k // p) == 0} - {m}, key=lambda k: abs(k - m))[:2]
-            return (f"Schedule{name} splits the microbatches into m // p = {rounds} rounds of equal size, so "
-                    f"--microbatches {m} must be a multiple of {rounds}; try {' or '.join(map(str, sorted(ok)))}")
-    return None
 
 
 def peak_in_flight(order: Order, by: str = "stage") -> dict[int, int]:

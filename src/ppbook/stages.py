@@ -1,6 +1,8 @@
 """Which layers each pipeline stage owns, and how to cut a stage out of the full model.
 
-Introduced in chapter 1 ("Your first pipeline"); chapter 4 compares other balancing policies.
+Introduced in chapter 0 ("Why models outgrow one device"), which cuts a model too big for one
+device into stages; chapter 1 trains them; chapter 4 compares other balancing policies; chapter 5
+places several stages per rank (:func:`stage_indices`).
 
 These are pure functions: they run, and are tested, without any process group.
 """
@@ -68,3 +70,69 @@ def keep_parts(model: nn.Module, layers: list[int], embedding: bool, head: bool)
         model.norm = None
         model.output = None
     return model
+
+
+# ---------------------------------------------------------------------------------------------
+# Which stages each rank holds, per schedule class of torch.distributed.pipelining
+# ---------------------------------------------------------------------------------------------
+# The seven schedule classes of torch 2.13, by the name after "Schedule".
+TORCH_SCHEDULES: tuple[str, ...] = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble",
+                                    "ZBVZeroBubble", "DualPipeV")
+# Torch builds these classes' stage-to-rank map with generate_stage_to_rank_mapping(style="v")
+# inside __init__ and exposes no attribute that says so before a schedule exists.
+_V_SHAPED = ("ZBVZeroBubble", "DualPipeV")
+
+
+def placement(name: str) -> str:
+    """How schedule ``Schedule<name>`` places stages on ranks: ``"single"`` (stage r on rank r;
+    torch's single-stage base class), ``"loop"`` (r, r + p, ...; torch's multi-stage default) or
+    ``"v"`` (r and 2p - 1 - r). Introduced in chapter 5 ("The schedules")."""
+    from torch.distributed.pipelining import schedules
+
+    if name not in TORCH_SCHEDULES:
+        raise ValueError(f"unknown schedule {name!r}; choose one of {', '.join(TORCH_SCHEDULES)}")
+    if issubclass(getattr(schedules, f"Schedule{name}"), schedules.PipelineScheduleSingle):
+        return "single"
+    return "v" if name in _V_SHAPED else "loop"
+
+
+def stages_per_rank(name: str, v: int = 2) -> int:
+    """Stages each rank holds under ``Schedule<name>``: one, ``v`` for the looped ones, two for the V-shaped."""
+    return {"single": 1, "loop": v, "v": 2}[placement(name)]
+
+
+def stage_indices(name: str, rank: int, p: int, v: int = 2) -> list[int]:
+    """The stages rank ``rank`` of ``p`` holds under schedule ``name`` (``v`` stages per rank for
+    the looped ones; the V-shaped ones always hold two), from torch's own stage-to-rank map."""
+    from torch.distributed.pipelining._utils import generate_stage_to_rank_mapping
+
+    style = placement(name)
+    to_rank = generate_stage_to_rank_mapping(p, p * stages_per_rank(name, v), style="v" if style == "v" else "loop")
+    return [stage for stage, r in sorted(to_rank.items()) if r == rank]
+
+
+def schedule_problem(name: str, p: int, m: int, v: int = 2, layers: int | None = None) -> str | None:
+    """Why torch's ``Schedule<name>`` cannot run ``m`` microbatches on ``p`` ranks (``v`` stages
+    per rank for the looped schedules), as one line that says how to fix it; ``None`` if it can.
+
+    Torch 2.13 raises some of these itself, mid-way through building the schedule, in its own
+    words; a wrong stage placement it does not check at all.
+    """
+    if placement(name) == "loop" and v < 2:
+        return f"{name} needs at least 2 stages per rank, got --stages-per-rank {v}; use 2 or more, or Schedule1F1B"
+    total = p * stages_per_rank(name, v)
+    if layers is not None and layers < total:
+        return (f"{name} on {p} processes has {total} stages of at least one layer each, but --layers is {layers}; "
+                f"raise --layers to {total} or more")
+    if name == "1F1B" and m < p:
+        return f"Schedule1F1B needs at least as many microbatches as stages ({p}), got --microbatches {m}; use {p} or more"
+    if name == "DualPipeV" and m < total:
+        return (f"ScheduleDualPipeV needs at least as many microbatches as stages (2 x {p} = {total}), "
+                f"got --microbatches {m}; use {total} or more")
+    if name in ("Interleaved1F1B", "InterleavedZeroBubble"):
+        rounds = max(1, m // p)
+        if m % rounds:
+            ok = sorted({k for k in range(1, 4 * m + 1) if k % max(1, k // p) == 0} - {m}, key=lambda k: abs(k - m))[:2]
+            return (f"Schedule{name} splits the microbatches into m // p = {rounds} rounds of equal size, so "
+                    f"--microbatches {m} must be a multiple of {rounds}; try {' or '.join(map(str, sorted(ok)))}")
+    return None

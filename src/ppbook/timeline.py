@@ -22,6 +22,8 @@ from statistics import median_high
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
+from ppbook.dataflow import waits_on
+
 KIND_COLOURS = {"F": "#4C72B0", "B": "#DD8452", "I": "#C44E52", "W": "#55A868"}
 
 
@@ -137,10 +139,11 @@ def handoff_delays(events: list[Event]) -> list[float]:
     """For every action whose input came from another rank that was already waiting for it:
     the delay from the sender finishing to the receiver starting (one hand-off, measured)."""
     by_key = {(e.stage, e.kind, e.microbatch): e for e in events}
+    num_stages = 1 + max((e.stage for e in events), default=0)
     free_at: dict[int, float] = {}
     delays = []
     for e in sorted(events, key=lambda e: e.start):
-        dep = _dependency_of(e, by_key)
+        dep = _dependency_of(e, by_key, num_stages)
         if dep is not None and dep.rank != e.rank and free_at.get(e.rank, 0.0) <= dep.end:
             delays.append(e.start - dep.end)
         free_at[e.rank] = e.end
@@ -153,23 +156,22 @@ def comm_latency(events: list[Event]) -> float:
     return median_high(delays) if delays else 0.0
 
 
-def _dependency_of(e: Event, by_key: dict) -> Event | None:
-    if e.kind == "F":
-        return by_key.get((e.stage - 1, "F", e.microbatch))
-    if e.kind in ("B", "I"):  # the next stage's input gradient, from its full or input-only backward
-        return by_key.get((e.stage + 1, "B", e.microbatch)) or by_key.get((e.stage + 1, "I", e.microbatch))
-    return None
+def _dependency_of(e: Event, by_key: dict, num_stages: int) -> Event | None:
+    """The recorded event ``e`` waited on (:func:`ppbook.dataflow.waits_on`), if it was recorded."""
+    dep = waits_on(e.stage, e.kind, e.microbatch, num_stages, by_key.__contains__)
+    return None if dep is None else by_key.get(dep)
 
 
 def own_gaps(events: list[Event], latency: float) -> dict[tuple[int, str], list[float]]:
     """The gap before each action that did not wait for a peer (its input had arrived, given the
     hand-off ``latency``), grouped by (stage, kind): time a rank spends between actions on its own."""
     by_key = {(e.stage, e.kind, e.microbatch): e for e in events}
+    num_stages = 1 + max((e.stage for e in events), default=0)
     gaps: dict[tuple[int, str], list[float]] = {}
     for rank in {e.rank for e in events}:
         mine = sorted((e for e in events if e.rank == rank), key=lambda e: e.start)
         for prev, cur in zip(mine, mine[1:]):
-            dep = _dependency_of(cur, by_key)
+            dep = _dependency_of(cur, by_key, num_stages)
             if dep is None or dep.rank == rank or dep.end + latency <= prev.end:
                 gaps.setdefault((cur.stage, cur.kind), []).append(cur.start - prev.end)
     return gaps

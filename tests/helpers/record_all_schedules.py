@@ -3,8 +3,8 @@ with the timeline recorder attached, and check gradients against one process.
 
     torchrun --standalone --nproc-per-node 2 tests/helpers/record_all_schedules.py --json out.json
 
-Placement: single-stage schedules put stage r on rank r; looped ones stages r and r + p; V-shaped
-ones stages r and 2p - 1 - r.
+Placement: :func:`ppbook.stages.stage_indices` (single-stage schedules put stage r on rank r;
+looped ones stages r and r + p; V-shaped ones stages r and 2p - 1 - r).
 """
 
 from __future__ import annotations
@@ -18,21 +18,8 @@ import torch.distributed as dist
 from torch.distributed import pipelining as pp
 
 from ppbook import dist as ppdist
-from ppbook import experiment as ex
-from ppbook import timeline
-from ppbook.stages import stage_module
-
-SINGLE = ("ScheduleGPipe", "Schedule1F1B")
-LOOPED = ("ScheduleInterleaved1F1B", "ScheduleLoopedBFS", "ScheduleInterleavedZeroBubble")
-V_SHAPED = ("ScheduleZBVZeroBubble", "ScheduleDualPipeV")
-
-
-def stage_indices(name: str, rank: int, p: int) -> list[int]:
-    if name in SINGLE:
-        return [rank]
-    if name in LOOPED:
-        return [rank, rank + p]
-    return [rank, 2 * p - 1 - rank]
+from ppbook import timeline, workload
+from ppbook.stages import TORCH_SCHEDULES, placement, stage_indices, stage_module
 
 
 def main() -> None:
@@ -44,12 +31,13 @@ def main() -> None:
                               dtype="float64", microbatches=cli.microbatches)
     info = ppdist.setup("cpu", timeout_s=60)
     p, m = info.world_size, cli.microbatches
-    full = ex.full_model(args, info.device)
-    tokens, targets = ex.make_batch(args, 0)
+    full = workload.full_model(args, info.device)
+    tokens, targets = workload.make_batch(args, 0)
     reference = copy.deepcopy(full)
-    ex.reference_backward(reference, tokens, targets, m)
+    workload.reference_backward(reference, tokens, targets, m)
     results = {}
-    for name in SINGLE + LOOPED + V_SHAPED:
+    for name in TORCH_SCHEDULES:
+        single = placement(name) == "single"
         indices = stage_indices(name, info.rank, p)
         num_stages = p * len(indices)
         rec = timeline.Recorder(info.rank)
@@ -60,19 +48,19 @@ def main() -> None:
             rec.attach(stage)
             mods.append(mod)
             stages.append(stage)
-        cls = getattr(pp, name)
-        schedule = cls(stages[0] if name in SINGLE else stages, n_microbatches=m, loss_fn=ex.loss_fn)
+        cls = getattr(pp, f"Schedule{name}")
+        schedule = cls(stages[0] if single else stages, n_microbatches=m, loss_fn=workload.loss_fn)
         holds_first = 0 in indices
         holds_last = num_stages - 1 in indices
         kwargs = {"target": targets, "losses": []} if holds_last else {}
         schedule.step(tokens, **kwargs) if holds_first else schedule.step(**kwargs)
-        worst = max(ex.compare(mod, reference)["max_grad_diff"] for mod in mods)
+        worst = max(workload.compare(mod, reference)["max_grad_diff"] for mod in mods)
         events = timeline.gather(rec)
         worst_all = [None] * p
         dist.all_gather_object(worst_all, worst)
         if info.rank == 0:
-            results[name] = {"num_stages": num_stages, "max_grad_diff": max(worst_all),
-                             "events": timeline.to_json(events)}
+            results[f"Schedule{name}"] = {"num_stages": num_stages, "max_grad_diff": max(worst_all),
+                                          "events": timeline.to_json(events)}
     if info.rank == 0:
         with open(cli.json, "w") as f:
             json.dump(results, f)

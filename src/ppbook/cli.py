@@ -1,0 +1,100 @@
+"""The companion scripts' command line: shared flags, their validation, and the ``run`` wrapper.
+
+Introduced in chapter 1 ("Your first pipeline"); every companion script uses it. Bad input is
+refused in one line before any process group exists; machine-readable results go to ``--json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Callable
+
+from ppbook import dist as ppdist
+from ppbook.workload import DTYPES
+
+
+def add_common_args(p: argparse.ArgumentParser, microbatches: int | list[int] = 4,
+                    microbatches_help: str = "n_microbatches: the batch is cut into this many",
+                    batch_size: int = 8, seq_len: int = 32, layers: int = 4, dim: int = 64) -> None:
+    """The model, data and run flags every script shares (defaults run in seconds on a CPU).
+
+    A list default for ``microbatches`` makes ``--microbatches`` take several values (a sweep).
+    """
+    nargs = "+" if isinstance(microbatches, list) else None
+    p.add_argument("--microbatches", type=int, nargs=nargs, default=microbatches, help=microbatches_help)
+    p.add_argument("--batch-size", type=int, default=batch_size, help="global batch size (divisible by --microbatches)")
+    p.add_argument("--seq-len", type=int, default=seq_len)
+    p.add_argument("--layers", type=int, default=layers, help="transformer layers in the full model")
+    p.add_argument("--dim", type=int, default=dim)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--vocab", type=int, default=256)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument("--check", action="store_true", help="fail unless the pipeline matches the one-process run")
+    p.add_argument("--json", default=None, help="write machine-readable results to this path (rank 0)")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds any rank waits for a peer before failing")
+
+
+def validate_common(args: argparse.Namespace, num_stages: int) -> None:
+    """Refuse bad combinations in one line each, before any process group exists."""
+    for name in ("batch_size", "seq_len", "layers", "dim", "heads", "vocab"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.timeout <= 0:
+        raise ValueError(f"--timeout must be positive, got {args.timeout}")
+    ppdist.pick_device(0, args.device)  # --device cuda without a GPU: one line now, not a traceback later
+    for m in args.microbatches if isinstance(args.microbatches, list) else [args.microbatches]:
+        if m < 1:
+            raise ValueError(f"--microbatches must be at least 1, got {m}")
+        if args.batch_size % m:
+            raise ValueError(
+                f"--batch-size {args.batch_size} is not divisible by --microbatches {m}: every microbatch must "
+                f"have the same size; try --batch-size {-(-args.batch_size // m) * m}")
+    if args.layers < num_stages:
+        raise ValueError(
+            f"{num_stages} processes need at least {num_stages} layers (one stage each), got --layers {args.layers}; "
+            f"raise --layers or lower --nproc-per-node")
+    if args.dim % args.heads:
+        raise ValueError(f"--dim {args.dim} must be divisible by --heads {args.heads}")
+    if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
+        raise ValueError(f"--json {args.json}: its folder does not exist; create it or pick another path")
+    if getattr(args, "steps", 1) < 1 or getattr(args, "warmup", 0) < 0:
+        raise ValueError(f"--steps must be at least 1 and --warmup at least 0, got {args.steps} and "
+                         f"{getattr(args, 'warmup', 0)}")
+
+
+def add_timing_args(p: argparse.ArgumentParser, steps: int = 3) -> None:
+    p.add_argument("--steps", type=int, default=steps, help="measured steps per configuration")
+    p.add_argument("--warmup", type=int, default=1, help="unmeasured steps first (allocator, caches)")
+
+
+def run(script: str, args: argparse.Namespace, validate: Callable[[argparse.Namespace, int], None],
+        body: Callable[[argparse.Namespace, ppdist.DistInfo], int], process_group: bool = True) -> int:
+    """Validate, set up the process group, run ``body``, tear down; bad input is one line and exit 2.
+
+    With ``process_group=False`` a plain ``python script.py`` (no torchrun) runs ``body`` without
+    any process group (chapter 7 loads a pipeline's checkpoint that way).
+    """
+    try:
+        validate(args, int(os.environ.get("WORLD_SIZE", "1")))
+    except ValueError as err:
+        print(f"{script}: error: {err}", file=sys.stderr)
+        return 2
+    if not process_group and not ppdist.launched_by_torchrun():
+        dev = ppdist.pick_device(0, args.device)
+        return body(args, ppdist.DistInfo(0, 1, 0, dev, "none"))
+    info = ppdist.setup(args.device, timeout_s=args.timeout)
+    try:
+        return body(args, info)
+    finally:
+        ppdist.teardown()
+
+
+def write_json(path: str | None, data: dict) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump(data, f, indent=1)
