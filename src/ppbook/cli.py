@@ -76,13 +76,18 @@ def run(script: str, args: argparse.Namespace, validate: Callable[[argparse.Name
         body: Callable[[argparse.Namespace, ppdist.DistInfo], int], process_group: bool = True) -> int:
     """Validate, set up the process group, run ``body``, tear down; bad input is one line and exit 2.
 
+    Under torchrun every rank validates, and only global rank 0 prints the error line (the
+    others exit with the same status, silently).
+
     With ``process_group=False`` a plain ``python script.py`` (no torchrun) runs ``body`` without
     any process group (chapter 7 loads a pipeline's checkpoint that way).
     """
     try:
         validate(args, int(os.environ.get("WORLD_SIZE", "1")))
     except ValueError as err:
-        print(f"{script}: error: {err}", file=sys.stderr)
+        # every rank fails the same check at once: one prints, so lines cannot interleave
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(f"{script}: error: {err}", file=sys.stderr)
         return 2
     if not process_group and not ppdist.launched_by_torchrun():
         dev = ppdist.pick_device(0, args.device)
