@@ -1,0 +1,114 @@
+"""The shared package is layered: an explicit order of modules, no module imports one above it
+or one of its own layer, and so no import cycles. Imports are read with ``ast`` (lazy imports
+inside functions count too); nothing is imported or run."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "src" / "ppbook"
+
+# Bottom to top, along the data flow. A module may import only modules of lower layers.
+LAYERS: list[tuple[str, list[str]]] = [
+    ("leaves: formulas, reports, claims, errors, data, processes, launching, the action graph",
+     ["report", "claims", "errors", "bubble", "traffic", "dataflow", "data", "dist", "launch",
+      "activations", "checkpoint"]),
+    ("models, stage placement, recording, driving a schedule, training pieces, nodes",
+     ["models", "stages", "timeline", "driver", "training", "nodes"]),
+    ("built on a model or a timeline: memory, balancing, skip models, the workload, timing, simulating",
+     ["memory", "split", "skip", "workload", "measure", "simulate"]),
+    ("top: the scripts' command line, fitting the simulator to measured runs",
+     ["cli", "fit"]),
+]
+
+
+def ppbook_imports(source: str) -> set[str]:
+    """The ``ppbook`` modules a source imports, anywhere in it (top level or inside functions)."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module == "ppbook":
+                found |= {alias.name for alias in node.names}
+            elif node.module.startswith("ppbook."):
+                found.add(node.module.split(".")[1])
+        elif isinstance(node, ast.Import):
+            found |= {alias.name.split(".")[1] for alias in node.names if alias.name.startswith("ppbook.")}
+    return found
+
+
+def package_graph() -> dict[str, set[str]]:
+    return {path.stem: ppbook_imports(path.read_text()) - {path.stem}
+            for path in sorted(PACKAGE.glob("*.py")) if path.stem != "__init__"}
+
+
+def layer_violations(graph: dict[str, set[str]], layers: list[tuple[str, list[str]]]) -> list[str]:
+    """One line per module missing from the order and per import of a module not below the importer."""
+    level = {mod: i for i, (_, mods) in enumerate(layers) for mod in mods}
+    problems = [f"{mod} is in no layer: add it to LAYERS" for mod in sorted(set(graph) - set(level))]
+    problems += [f"{mod} (layer {level[mod]}) imports {dep} (layer {level[dep]}), which is not below it"
+                 for mod, deps in sorted(graph.items()) if mod in level
+                 for dep in sorted(deps) if dep in level and level[dep] >= level[mod]]
+    return problems
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every cycle found by a depth-first walk, as the list of modules along it."""
+    cycles, state = [], {}  # state: 1 on the current path, 2 done
+
+    def visit(mod: str, path: list[str]) -> None:
+        state[mod] = 1
+        for dep in sorted(graph.get(mod, ())):
+            if state.get(dep) == 1:
+                cycles.append(path[path.index(dep):] + [dep])
+            elif dep not in state:
+                visit(dep, path + [dep])
+        state[mod] = 2
+
+    for mod in sorted(graph):
+        if mod not in state:
+            visit(mod, [mod])
+    return cycles
+
+
+def test_every_module_is_in_exactly_one_layer():
+    names = [mod for _, mods in LAYERS for mod in mods]
+    assert len(names) == len(set(names)), "a module is listed in two layers"
+    assert set(names) == set(package_graph()), "LAYERS and src/ppbook disagree"
+
+
+def test_no_module_imports_one_of_its_layer_or_above():
+    assert layer_violations(package_graph(), LAYERS) == []
+
+
+def test_no_import_cycles():
+    assert import_cycles(package_graph()) == []
+
+
+def test_the_checks_catch_an_upward_import_a_cycle_and_a_missing_module():
+    # a synthetic package: "low" imports "high" (upward), "high" imports "low" (a cycle), "new" is unplaced
+    graph = {"low": ppbook_imports("def f():\n    from ppbook.high import x\n"),
+             "high": ppbook_imports("from ppbook import low\n"), "new": set()}
+    layers = [("bottom", ["low"]), ("top", ["high"])]
+    assert layer_violations(graph, layers) == ["new is in no layer: add it to LAYERS",
+                                               "low (layer 0) imports high (layer 1), which is not below it"]
+    assert import_cycles(graph) == [["high", "low", "high"]]
+
+
+def reachable(graph: dict[str, set[str]], mod: str) -> set[str]:
+    """Every module ``mod`` imports, directly or through others."""
+    seen, todo = set(), [mod]
+    while todo:
+        for dep in graph.get(todo.pop(), ()):
+            if dep not in seen:
+                seen.add(dep)
+                todo.append(dep)
+    return seen
+
+
+def test_the_scripts_plumbing_does_not_pull_in_the_simulator():
+    # issue 16: a script reaches the simulator only if it imports ppbook.simulate or ppbook.fit itself
+    graph = package_graph()
+    plumbing = ["cli", "workload", "driver", "measure", "dist", "stages", "timeline"]
+    assert {mod: "simulate" in reachable(graph, mod) for mod in plumbing} == dict.fromkeys(plumbing, False)
+    assert "simulate" in reachable(graph, "fit")  # the check can see it where it is
