@@ -7,7 +7,8 @@ A schedule is, for each rank, the *order* in which it runs its actions. The simu
 each action a cost and starts it as soon as (a) its rank has finished the previous action in
 that order and (b) its inputs have arrived: a forward needs the previous stage's forward of the
 same microbatch, a backward the next stage's backward (or, on the last stage, its own forward),
-each delayed by a communication latency when the two stages sit on different ranks. It produces
+each delayed by a communication latency when the two stages sit on different ranks (the rule is
+:func:`ppbook.dataflow.waits_on`, which also reads recorded timelines). It produces
 :class:`ppbook.timeline.Event` lists, the same format the recorder writes, so the same code draws
 measured and simulated timelines.
 """
