@@ -12,7 +12,9 @@ STAMP := $(VENV)/.installed
 TORCH_INDEX ?=
 TORCH_PIN := $(shell grep -m1 '^torch==' requirements-reader.txt)
 
-.PHONY: book book-cached test test-fast bench bench-schedules browser-deps clean
+NOTEBOOKS_BRANCH := $(shell sed -n 's/^ *ppbook_notebooks_branch: *\([^ #]*\).*/\1/p' _config.yml)
+
+.PHONY: book book-cached notebooks publish-notebooks test test-fast bench bench-schedules browser-deps clean
 
 $(STAMP): requirements.txt requirements-reader.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] >= (3, 10) else "ppbook needs Python >= 3.10 (3.11 recommended), found " + sys.version.split()[0])'
@@ -29,6 +31,15 @@ book: $(STAMP)
 	$(BIN)/jupyter-book build . --all -W -n --keep-going
 	$(BIN)/python tools/make_notebooks.py
 	@echo "The book is in _build/html: open file://$(CURDIR)/_build/html/index.html"
+
+# The readable notebooks of the last build (glued values filled in, an install cell first): the
+# download buttons' copies in _build/html/_sources, and _build/notebooks for the notebooks branch.
+notebooks: $(STAMP)
+	$(BIN)/python tools/make_notebooks.py
+
+# Commit _build/notebooks as the branch the Colab and Binder buttons open, and push it.
+publish-notebooks: notebooks
+	bash tools/publish_notebooks.sh $(NOTEBOOKS_BRANCH)
 
 # Re-uses cached outputs of unchanged code cells (for authors iterating on prose).
 book-cached: $(STAMP)

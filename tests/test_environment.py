@@ -16,14 +16,13 @@ def requirement_lines(text: str) -> list[str]:
 
 
 def pins(path) -> list[str]:
-    """The requirements of a pip file, with ``-r other.txt`` expanded and pip options left out."""
-    out = []
-    for line in requirement_lines(path.read_text()):
-        if line.startswith("-r "):
-            out += pins(path.parent / line.split(None, 1)[1])
-        elif not line.startswith("-"):
-            out.append(line)
-    return out
+    """The requirements of a pip file, ``-r`` expanded (the install cell of every notebook reads them so)."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    from make_notebooks import requirement_pins
+
+    return requirement_pins(path)
 
 
 def name(pin: str) -> str:
