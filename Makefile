@@ -14,7 +14,7 @@ TORCH_PIN := $(shell grep -m1 '^torch==' requirements-reader.txt)
 
 NOTEBOOKS_BRANCH := $(shell sed -n 's/^ *ppbook_notebooks_branch: *\([^ #]*\).*/\1/p' _config.yml)
 
-.PHONY: book book-cached notebooks publish-notebooks test test-fast bench bench-schedules browser-deps clean
+.PHONY: book book-cached notebooks publish-notebooks pdf test test-fast bench bench-schedules browser-deps clean
 
 $(STAMP): requirements.txt requirements-reader.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] >= (3, 10) else "ppbook needs Python >= 3.10 (3.11 recommended), found " + sys.version.split()[0])'
@@ -44,6 +44,11 @@ publish-notebooks: notebooks
 # Re-uses cached outputs of unchanged code cells (for authors iterating on prose).
 book-cached: $(STAMP)
 	$(BIN)/jupyter-book build . --all -W -n --keep-going
+
+# A PDF of the book, _build/pdf/book.pdf: the single-page HTML build (it reuses the execution
+# cache, so after `make book` nothing executes again), printed by Debian's chromium.
+pdf: $(STAMP) browser-deps
+	$(BIN)/python tools/make_pdf.py
 
 browser-deps:
 	@bash tools/ensure_chromium.sh

@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import http.server
 import os
-import shutil
+import sys
 import threading
 from pathlib import Path
 
@@ -19,16 +19,9 @@ HARMLESS = (
     "Identifier 'THEBE_JS_URL' has already been declared",
     "Got invalid theme mode",  # pydata-sphinx-theme on a first visit (empty localStorage)
 )
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
-
-
-def chromium_path() -> str | None:
-    for exe in (os.environ.get("PPBOOK_CHROMIUM"), "/usr/bin/chromium", "/usr/bin/chromium-browser",
-                shutil.which("chromium")):
-        if exe and os.access(exe, os.X_OK):
-            return exe
-    return None
+# Debian's chromium and the flags it runs with: one definition, shared with `make pdf`.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+from make_pdf import FLAGS, chromium_path  # noqa: E402,F401
 
 
 @pytest.fixture(scope="module")

@@ -45,7 +45,8 @@
     const width = 760, left = 56, rowH = 26, top = 8, right = 10;
     const height = top + rowH * c.p + 34;
     const scale = (width - left - right) / (entry.step * q);
-    const svg = el("svg", { width: width, height: height, viewBox: `0 0 ${width} ${height}`, role: "img",
+    const svg = el("svg", { width: "100%", viewBox: `0 0 ${width} ${height}`, role: "img",
+                            style: `max-width: ${width}px; height: auto`,
                             "aria-label": `${c.schedule} timeline` }, chart);
     for (let r = 0; r < c.p; r++) {
       const t = el("text", { x: 4, y: top + r * rowH + rowH / 2 + 4, "font-size": 12 }, svg);
