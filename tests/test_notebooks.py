@@ -74,7 +74,7 @@ def test_launch_buttons_open_the_generated_notebooks():
     assert urls["Colab"] == ("https://colab.research.google.com/github/ppbook/pipeline-parallelism-book/"
                              "blob/notebooks/book/03_gpipe.ipynb")
     assert urls["Binder"].endswith("/pipeline-parallelism-book/notebooks?urlpath=lab/tree/book/03_gpipe.ipynb")
-    assert mn.config()["sphinx"]["local_extensions"] == {"ppbook_launch": "tools"}
+    assert mn.config()["sphinx"]["local_extensions"]["ppbook_launch"] == "tools"
 
 
 @pytest.mark.slow
