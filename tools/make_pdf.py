@@ -30,6 +30,13 @@ ROOT = Path(__file__).resolve().parents[1]
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
 
+# On paper nothing scrolls: wrap long code lines and tables' cells instead of cutting them off.
+PRINT_CSS = """@media print {
+  pre, div.highlight pre { white-space: pre-wrap !important; overflow-wrap: anywhere; }
+  div.cell_output, div.highlight, .table-wrapper { overflow: visible !important; }
+  table { font-size: 80%; }
+}"""
+
 
 def chromium_path() -> str | None:
     """Debian's chromium, or ``PPBOOK_CHROMIUM`` (tools/ensure_chromium.sh installs it)."""
@@ -85,6 +92,7 @@ def print_pdf(html: Path, pdf: Path, chromium: str) -> Path:
         page.wait_for_function("() => !document.querySelector('script[src*=mathjax]') || "
                                "(window.MathJax && MathJax.startup && MathJax.startup.promise)", timeout=120_000)
         page.evaluate("() => window.MathJax && MathJax.startup ? MathJax.startup.promise : null")
+        page.add_style_tag(content=PRINT_CSS)
         page.emulate_media(media="print")
         page.pdf(path=str(pdf), format="A4", print_background=True,
                  margin={"top": "15mm", "bottom": "15mm", "left": "12mm", "right": "12mm"})
