@@ -77,3 +77,21 @@ def test_execution_times_page_lists_every_executed_page(built_book):
     for chapter in sorted((ROOT / "book").glob("*.md")):
         if "```{code-cell}" in chapter.read_text():
             assert f"book/{chapter.stem}" in text, chapter.name
+
+
+def glossary_terms() -> list[str]:
+    body = (ROOT / "book" / "glossary.md").read_text().split("```{glossary}")[1].split("\n```")[0]
+    return [line for line in body.splitlines() if line and not line[0].isspace()]
+
+
+def test_every_glossary_term_the_chapters_use_links_to_the_glossary():
+    """A term the chapters use in prose is linked ({term}) at least once, where it first appears."""
+    chapters = sorted((ROOT / "book").glob("[0-9][0-9]_*.md")) + sorted((ROOT / "book").glob("a[0-9]_*.md"))
+    text = "\n".join(p.read_text() for p in chapters)
+    linked = {m.group(2) or m.group(1) for m in re.finditer(r"\{term\}`([^`<]*?)\s*(?:<([^>]+)>)?`", text)}
+    assert linked <= set(glossary_terms()), linked - set(glossary_terms())
+    prose = re.sub(r"^(\s*`{3,}).*?^\1\s*$", "", text, flags=re.M | re.S)  # fenced code and directives
+    prose = re.sub(r"^#.*$", "", prose, flags=re.M)  # headings
+    prose = re.sub(r"\{[\w:-]+\}`[^`]*`|`[^`]*`", "", prose)  # roles and inline code
+    used = {t for t in glossary_terms() if re.search(rf"(?<![\w-]){re.escape(t)}(?![\w-])", prose, re.I)}
+    assert used <= linked, f"glossary terms used in the chapters but never linked: {sorted(used - linked)}"
