@@ -14,7 +14,7 @@ from conftest import ROOT
 sys.path.insert(0, str(ROOT / "tools"))
 import make_notebooks as mn  # noqa: E402
 
-RAW = re.compile(r"\{[a-z][\w:-]*\}`|^`{3,}\{|^\([\w-]+\)=", re.M)  # a role, a directive, a target
+RAW = re.compile(r"\{[a-z][\w:-]*\}`|^(`{3,}|:{3,})\{|^\([\w-]+\)=", re.M)  # a role, a directive, a target
 
 
 class AnyGlue(dict):
@@ -52,6 +52,8 @@ def test_roles_become_words_links_and_numbers():
                                       "(Huang et al., 2019) bubble")
     with pytest.raises(KeyError, match="missing"):
         mn.markdown(ctx, "{glue:text}`missing`")
+    note = ":::{note}\nA {term}`stage <stage>` of $p$.\n:::"
+    assert mn.markdown(ctx, note) == "> **Note**\n>\n> A stage of $p$."
 
 
 def test_literalinclude_becomes_the_code_it_shows():

@@ -46,7 +46,9 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 ROLE = re.compile(r"\{([a-z][\w:-]*)\}`([^`]*)`")
-DIRECTIVE = re.compile(r"^(`{3,})\{([\w:-]+)\}[ \t]*([^\n]*)\n((?::[\w-]+:[^\n]*\n)*)(.*?)^\1[ \t]*$", re.M | re.S)
+# a fenced directive, with backticks or (colon_fence) colons: fence, name, argument, options, body
+DIRECTIVE = re.compile(r"^(`{3,}|:{3,})\{([\w:-]+)\}[ \t]*([^\n]*)\n((?::[\w-]+:[^\n]*\n)*)(.*?)^\1[ \t]*$",
+                       re.M | re.S)
 LABEL = re.compile(r"^\(([\w-]+)\)=\s*\n+#+\s+(.+)$", re.M)
 # Pages that need more than the reader's environment, found by a word in their code cells.
 PAGE_EXTRAS = {"ray": "ray"}  # word in the code -> package name, pinned in requirements.txt
@@ -170,9 +172,9 @@ def _role(ctx: Context, name: str, text: str) -> str:
         keys = [k.strip() for k in target.split(",")]
         refs = "; ".join(ctx.citations.get(k, k) for k in keys)
         return f"({refs})" if name in ("cite", "cite:p", "cite:ps") else refs
-    if name in ("term", "doc", "download", "math", "abbr"):
-        return shown or target
-    raise ValueError(f"{ctx.page}: no plain-Markdown form for the role {{{name}}}; add one to {Path(__file__).name}")
+    if name == "math":
+        return f"${target}$"
+    return shown or target  # {term}, {doc}, {abbr}, {download}, ...: the words themselves
 
 
 def _literalinclude(ctx: Context, path: str, options: dict[str, str]) -> str:
