@@ -119,3 +119,14 @@ def test_built_notebooks_are_readable_and_the_buttons_open_them(built_book):
     html = (built_book / "book" / "03_gpipe.html").read_text()
     assert "colab.research.google.com/github/ppbook/pipeline-parallelism-book/blob/notebooks/book/03_gpipe.ipynb" in html
     assert "03_gpipe.md" not in re.findall(r'href="(https://(?:colab|mybinder)[^"]+)"', html)[0]
+
+
+def test_shown_listing_lines_are_found_with_their_numbers(tmp_path):
+    """tools/long_listings.py reads the lines a chapter shows as Sphinx does (for the 88-column rule)."""
+    from long_listings import long_lines
+
+    (tmp_path / "book").mkdir()
+    (tmp_path / "s.py").write_text("import os\n\n\ndef f():\n    x = 1  # " + "c" * 90 + "\n    return x\n\n\n"
+                                   "def g():\n    return '" + "y" * 100 + "'\n")
+    (tmp_path / "book" / "p.md").write_text("```{literalinclude} ../s.py\n:pyobject: f\n:caption: f\n```\n")
+    assert [(p, n) for p, n, _ in long_lines(88, tmp_path)] == [("s.py", 5)]  # not g's line 10: not shown

@@ -177,13 +177,37 @@ def _role(ctx: Context, name: str, text: str) -> str:
     return shown or target  # {term}, {doc}, {abbr}, {download}, ...: the words themselves
 
 
-def _literalinclude(ctx: Context, path: str, options: dict[str, str]) -> str:
+def directive_options(m: re.Match) -> dict[str, str]:
+    """The ``:key: value`` options of a :data:`DIRECTIVE` match (MyST strips quotes around values)."""
+    return {k: re.sub(r"""^(["'])(.*)\1$""", r"\2", v.strip()) for k, v in re.findall(r"^:([\w-]+):[ \t]*(.*)$", m.group(4), re.M)}
+
+
+def included(source: Path, options: dict[str, str]) -> tuple[int, str]:
+    """What a ``{literalinclude}`` of ``source`` with ``options`` shows, read by Sphinx's own
+    reader (``:pyobject:``, ``:start-after:``, ``:lines:``, ``:dedent:``...): the number of its
+    first line in the file, and the text."""
     from sphinx.directives.code import LiteralIncludeReader
 
     opts = {k: (int(v) if v else None) if k in ("dedent", "lineno-start") else v for k, v in options.items()
             if k not in ("caption", "emphasize-lines", "language", "linenos", "name", "tags")}
+    if "lineno-start" not in opts:
+        opts["lineno-match"] = True  # so that the reader counts the first line's number in the file
+    reader = LiteralIncludeReader(str(source), opts, types.SimpleNamespace(source_encoding="utf-8"))
+    code, _ = reader.read()
+    return reader.lineno_start, code
+
+
+def listings(page: Path):
+    """``(source file, first line, text)`` of every ``{literalinclude}`` of ``page``."""
+    for m in DIRECTIVE.finditer(page.read_text()):
+        if m.group(2) == "literalinclude":
+            source = (page.parent / m.group(3).strip()).resolve()
+            yield (source, *included(source, directive_options(m)))
+
+
+def _literalinclude(ctx: Context, path: str, options: dict[str, str]) -> str:
     source = (ctx.page_dir / path).resolve()
-    code, _ = LiteralIncludeReader(str(source), opts, types.SimpleNamespace(source_encoding="utf-8")).read()
+    _, code = included(source, options)
     caption = options.get("caption") or str(source.relative_to(ctx.root))
     language = options.get("language", "python")
     return f"*{caption}* (`{source.relative_to(ctx.root)}`):\n\n```{language}\n{code.rstrip()}\n```"
@@ -191,8 +215,7 @@ def _literalinclude(ctx: Context, path: str, options: dict[str, str]) -> str:
 
 def _directive(ctx: Context, m: re.Match) -> str:
     name, argument, body = m.group(2), m.group(3).strip(), m.group(5).strip("\n")
-    options = {k: re.sub(r"""^(["'])(.*)\1$""", r"\2", v.strip())  # MyST strips the quotes
-               for k, v in re.findall(r"^:([\w-]+):[ \t]*(.*)$", m.group(4), re.M)}
+    options = directive_options(m)
     if name == "literalinclude":
         return _literalinclude(ctx, argument, options)
     if name == "solution-end":
