@@ -67,6 +67,7 @@ def test_literalinclude_becomes_the_code_it_shows():
 def test_the_install_cell_installs_the_pages_extras():
     plain = mn.install_cell("import torch").source
     assert "torch==2.13.0" in plain and "ray" not in plain and mn.TORCH_CPU_INDEX in plain
+    assert "ipykernel" not in plain  # the kernel that runs the cell has one
     assert "ray[train]==" in mn.install_cell('launch.python("09_scaling_out.py", ["--ray-workers", "4"])').source
     compile(plain, "install cell", "exec")
 

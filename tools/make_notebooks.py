@@ -276,7 +276,8 @@ def install_cell(code: str, root: Path = ROOT) -> nbformat.NotebookNode:
     the extras the page uses (e.g. Ray in chapter 9)."""
     repo_url = config(root)["repository"]["url"].rstrip("/")
     branch = config(root)["repository"].get("branch", "main")
-    requirements = requirement_pins(root / "requirements-reader.txt")
+    # the kernel running the notebook already has its ipykernel; replacing it mid-session breaks Colab
+    requirements = [p for p in requirement_pins(root / "requirements-reader.txt") if not p.startswith("ipykernel")]
     developer = {re.split(r"[=\[<>]", p)[0]: p for p in requirement_pins(root / "requirements.txt")}
     requirements += [developer[pkg] for word, pkg in PAGE_EXTRAS.items() if re.search(rf"\b{word}\b", code)]
     source = INSTALL_CELL.format(folder=repo_url.split("/")[-1], archive=f"{repo_url}/archive/refs/heads/{branch}.tar.gz",
