@@ -6,13 +6,21 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# Where pip gets torch. Empty: pip's default index (this project's machines find a local CPU wheel
+# there). On Linux, that index serves the CUDA build (several GB); without a GPU, run e.g.
+#   make book TORCH_INDEX=https://download.pytorch.org/whl/cpu
+TORCH_INDEX ?=
+TORCH_PIN := $(shell grep -m1 '^torch==' requirements-reader.txt)
 
-.PHONY: book book-cached test test-fast bench bench-schedules browser-deps clean
+NOTEBOOKS_BRANCH := $(shell sed -n 's/^ *ppbook_notebooks_branch: *\([^ #]*\).*/\1/p' _config.yml)
 
-$(STAMP): requirements.txt pyproject.toml
+.PHONY: book book-cached notebooks publish-notebooks pdf test test-fast bench bench-schedules browser-deps clean
+
+$(STAMP): requirements.txt requirements-reader.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] >= (3, 10) else "ppbook needs Python >= 3.10 (3.11 recommended), found " + sys.version.split()[0])'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(if $(TORCH_INDEX),$(BIN)/python -m pip install --quiet "$(TORCH_PIN)" --index-url $(TORCH_INDEX))
 	$(BIN)/python -m pip install --quiet -r requirements.txt -e .
 	touch $(STAMP)
 
@@ -24,9 +32,23 @@ book: $(STAMP)
 	$(BIN)/python tools/make_notebooks.py
 	@echo "The book is in _build/html: open file://$(CURDIR)/_build/html/index.html"
 
+# The readable notebooks of the last build (glued values filled in, an install cell first): the
+# download buttons' copies in _build/html/_sources, and _build/notebooks for the notebooks branch.
+notebooks: $(STAMP)
+	$(BIN)/python tools/make_notebooks.py
+
+# Commit _build/notebooks as the branch the Colab and Binder buttons open, and push it.
+publish-notebooks: notebooks
+	bash tools/publish_notebooks.sh $(NOTEBOOKS_BRANCH)
+
 # Re-uses cached outputs of unchanged code cells (for authors iterating on prose).
 book-cached: $(STAMP)
 	$(BIN)/jupyter-book build . --all -W -n --keep-going
+
+# A PDF of the book, _build/pdf/book.pdf: the single-page HTML build (it reuses the execution
+# cache, so after `make book` nothing executes again), printed by Debian's chromium.
+pdf: $(STAMP) browser-deps
+	$(BIN)/python tools/make_pdf.py
 
 browser-deps:
 	@bash tools/ensure_chromium.sh

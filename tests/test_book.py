@@ -63,6 +63,7 @@ def _mini_book(tmp_path: Path, cell: str) -> subprocess.CompletedProcess:
     for name in ("_config.yml",):
         shutil.copy(ROOT / name, tmp_path / name)
     shutil.copytree(ROOT / "_vendor", tmp_path / "_vendor")
+    shutil.copytree(ROOT / "tools", tmp_path / "tools")  # _config.yml's local Sphinx extension
     (tmp_path / "book").mkdir()
     shutil.copy(ROOT / "book" / "references.bib", tmp_path / "book" / "references.bib")
     (tmp_path / "_toc.yml").write_text("format: jb-book\nroot: book/page\n")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import http.server
 import os
-import shutil
+import sys
 import threading
 from pathlib import Path
 
@@ -19,16 +19,9 @@ HARMLESS = (
     "Identifier 'THEBE_JS_URL' has already been declared",
     "Got invalid theme mode",  # pydata-sphinx-theme on a first visit (empty localStorage)
 )
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
-
-
-def chromium_path() -> str | None:
-    for exe in (os.environ.get("PPBOOK_CHROMIUM"), "/usr/bin/chromium", "/usr/bin/chromium-browser",
-                shutil.which("chromium")):
-        if exe and os.access(exe, os.X_OK):
-            return exe
-    return None
+# Debian's chromium and the flags it runs with: one definition, shared with `make pdf`.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+from make_pdf import FLAGS, chromium_path  # noqa: E402,F401
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +57,15 @@ def visit(site, rel: str):
     return page, errors, missing
 
 
+def real_missing(missing: list[str]) -> list[str]:
+    return [u for u in missing if not u.endswith("/favicon.ico")]
+
+
+def real_errors(errors: list[str]) -> list[str]:
+    return [e for e in errors if not any(h in e for h in HARMLESS)
+            and not ("Failed to load resource" in e and "404" in e)]  # favicon.ico: see real_missing
+
+
 def pages(site) -> list[str]:
     root = site[2]
     return ["index.html"] + sorted(str(p.relative_to(root)) for p in (root / "book").glob("*.html"))
@@ -73,11 +75,8 @@ def test_every_page_loads_without_console_errors(site):
     for rel in pages(site):
         page, errors, missing = visit(site, rel)
         assert page.title().strip(), rel
-        missing = [u for u in missing if not u.endswith("/favicon.ico")]
-        assert not missing, (rel, missing)
-        real = [e for e in errors if not any(h in e for h in HARMLESS)
-                and not ("Failed to load resource" in e and "404" in e)]  # favicon.ico, checked above
-        assert not real, (rel, real)
+        assert not real_missing(missing), (rel, real_missing(missing))
+        assert not real_errors(errors), (rel, real_errors(errors))
         page.close()
 
 
@@ -113,4 +112,27 @@ def test_code_is_highlighted_and_math_typeset(site):
     # tables printed by cells are rendered as tables, not as Markdown source
     assert page.locator("article table").count() >= 2
     assert "|:--" not in page.inner_text("article")
+    page.close()
+
+
+def test_schedule_explorer_redraws_when_a_control_moves(site):
+    """The explorer works offline, with no kernel: moving a control redraws the chart from the
+    precomputed simulations (and nothing is fetched beyond the page's own files)."""
+    page, errors, missing = visit(site, "book/explorer.html")
+
+    def drawing():
+        return (page.inner_text("#ppx-stats"), page.eval_on_selector("#ppx-chart", "e => e.innerHTML"))
+
+    stats, svg = drawing()
+    assert "step time" in stats and "bubble" in stats and "peak microbatches" in stats
+    assert page.locator("#ppx-chart svg rect").count() >= 2 * 8 * 2  # p = 2, m = 8: F and B each
+    page.select_option("#ppx-schedule", "ZBVZeroBubble")
+    zbv = drawing()
+    assert zbv != (stats, svg)
+    assert page.locator("#ppx-chart svg rect").count() == 3 * 2 * 2 * 8  # F, I, W on 2 stages per rank
+    page.focus("#ppx-p")
+    page.keyboard.press("ArrowRight")  # a reader moving the slider: p = 2 -> 3
+    assert drawing() != zbv
+    assert page.eval_on_selector("#ppx-chart", "e => e.dataset.key").startswith("ZBVZeroBubble|3|8|")
+    assert not real_missing(missing) and not real_errors(errors), (missing, errors)
     page.close()

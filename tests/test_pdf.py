@@ -1,0 +1,81 @@
+"""`make pdf`: the book as one PDF, printed offline by Debian's chromium from the single-page HTML
+build, which reuses the execution cache instead of executing the book a second time."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "tools"))
+import make_pdf  # noqa: E402
+
+pytestmark = pytest.mark.book
+
+
+def tool(name: str) -> str:
+    exe = shutil.which(name)
+    if exe is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"{name} is missing in CI: `make test` should have installed it (tools/ensure_chromium.sh)")
+        pytest.skip(f"no {name} here; run tools/ensure_chromium.sh")
+    return exe
+
+
+def titles() -> list[str]:
+    """The H1 of every page of the table of contents, as plain words."""
+    from make_notebooks import notebook_pages
+
+    toc = (ROOT / "_toc.yml").read_text()
+    pages = set(notebook_pages()) | {p for p in ROOT.glob("book/*.md") if f"book/{p.stem}\n" in toc}
+    return [re.search(r"^# (.+)$", p.read_text(), re.M).group(1).replace("`", "") for p in sorted(pages)]
+
+
+@pytest.fixture(scope="module")
+def pdf(built_book):
+    if make_pdf.chromium_path() is None:
+        tool("chromium")
+    out = built_book.parents[1]  # the --path-output of the session's build
+    assert make_pdf.main(["--path-output", str(out)]) == 0
+    return out / "_build" / "pdf"
+
+
+def squash(text: str) -> str:
+    return re.sub(r"\s+", " ", text.replace("\u00ad", "")).replace("- ", "-")
+
+
+def test_pdf_reuses_the_executed_cache(pdf):
+    log = (pdf / "singlehtml.log").read_text()
+    assert "build succeeded" in log
+    assert "Executing notebook" not in log  # every page came from the build's execution cache
+
+
+def test_pdf_pages_have_the_text_of_every_chapter(pdf):
+    text = subprocess.run([tool("pdftotext"), str(pdf / "book.pdf"), "-"], capture_output=True, text=True,
+                          check=True).stdout
+    assert subprocess.run([tool("pdfinfo"), str(pdf / "book.pdf")], capture_output=True, text=True,
+                          check=True).stdout.count("Pages:") == 1
+    flat = squash(text)
+    for title in titles():
+        assert squash(title)[:30] in flat, title
+    assert "{glue" not in flat and "\\frac" not in flat  # numbers filled in, math typeset
+    pages = text.count("\f")
+    assert pages >= 2 * len(titles()), pages
+
+
+def test_pdf_pages_have_the_figures(pdf):
+    listing = subprocess.run([tool("pdfimages"), "-list", str(pdf / "book.pdf")], capture_output=True, text=True,
+                             check=True).stdout.splitlines()[2:]
+    images = [line.split() for line in listing if line.split()]
+    # page num type width height color comp bpc enc ...: plots are colour images of some size; chromium
+    # also rasterises code blocks' shading as grey JPEGs, which are not figures
+    big = [i for i in images if i[2] == "image" and i[5] != "gray" and int(i[3]) >= 200 and int(i[4]) >= 100]
+    figures = sum(len(re.findall(r"^\s+name: fig-", p.read_text(), re.M)) for p in ROOT.glob("book/*.md"))
+    assert len(big) >= figures, (len(big), figures)
+    assert len({i[0] for i in big}) >= figures // 2  # spread over the pages, not one page of images
