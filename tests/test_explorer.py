@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from ppbook import bubble, explorer, simulate
+from ppbook import bubble, explorer, simulate, stages
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +20,7 @@ def test_every_combination_has_an_entry_or_a_reason(data):
     for name, p, m, v, f, i, w in __import__("itertools").product(*explorer.GRID.values()):
         order = data["orders"][explorer.order_key(name, p, m, v)]
         if "error" in order:
-            assert simulate.schedule_problem(name, p, m, v) or "microbatches" in order["error"]
+            assert stages.schedule_problem(name, p, m, v) or "microbatches" in order["error"]
             continue
         entry = data["entries"][explorer.key(name, p, m, v, f, i, w)]
         assert len(entry["start"]) == len(order["actions"])

@@ -18,8 +18,8 @@ LAYERS: list[tuple[str, list[str]]] = [
      ["models", "stages", "timeline", "driver", "training", "nodes"]),
     ("built on a model or a timeline: memory, balancing, skip models, the workload, timing, simulating",
      ["memory", "split", "skip", "workload", "measure", "simulate"]),
-    ("top: the scripts' command line, fitting the simulator to measured runs",
-     ["cli", "fit"]),
+    ("top: the scripts' command line, fitting the simulator to measured runs, the site's explorer",
+     ["cli", "fit", "explorer"]),
 ]
 
 

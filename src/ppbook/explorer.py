@@ -17,12 +17,12 @@ import itertools
 import json
 from importlib import resources
 
-from ppbook import simulate, timeline
+from ppbook import simulate, stages, timeline
 
 # The grid: small enough that the page stays light (about 0.25 MB, 60 orders, 464 simulations)
 # and the build fast (about half a minute, mostly torch building its orders).
 GRID = {
-    "schedule": list(simulate.TORCH_SCHEDULES),
+    "schedule": list(stages.TORCH_SCHEDULES),
     "p": [2, 3, 4],
     "m": [4, 8],
     "v": [2, 3],      # stages per rank of the looped schedules (V-shaped ones always hold 2)
@@ -35,13 +35,13 @@ QUANTUM = 12  # times are stored as integers in 1/12 of a cost unit (exact for t
 
 def costs(name: str, v: int, f: float, i: float, w: float) -> dict[str, float]:
     """Per-action costs: a stage is 1/v of its rank's share of the model (chapter 5's convention)."""
-    k = simulate.stages_per_rank(name, v)
+    k = stages.stages_per_rank(name, v)
     return {"F": f / k, "I": i / k, "W": w / k, "B": (i + w) / k}
 
 
 def order_key(name: str, p: int, m: int, v: int) -> str:
     """The order of a combination; ``v`` is 1 or 2 where the schedule fixes it."""
-    v = {"single": 1, "v": 2}.get(simulate.TORCH_SCHEDULES[name], v)
+    v = {"single": 1, "v": 2}.get(stages.placement(name), v)
     return f"{name}|{p}|{m}|{v}"
 
 
@@ -54,7 +54,7 @@ def order_entry(name: str, p: int, m: int, v: int) -> tuple[dict, simulate.Order
     """Each rank's actions, in torch's order, as ``[rank, stage, kind, microbatch]`` rows, with
     the peak microbatches each stage holds; or ``{"error": ...}`` in torch's or the book's
     words when the schedule cannot run the combination."""
-    problem = simulate.schedule_problem(name, p, m, v)
+    problem = stages.schedule_problem(name, p, m, v)
     order = None
     if problem is None:
         try:
@@ -64,7 +64,7 @@ def order_entry(name: str, p: int, m: int, v: int) -> tuple[dict, simulate.Order
     if problem is not None:
         return {"error": problem}, None
     rows = [[r, a.stage, a.kind, a.microbatch] for r, acts in order.items() for a in acts]
-    return {"actions": rows, "peak": simulate.peak_in_flight(order), "stages": simulate.stages_per_rank(name, v) * p}, order
+    return {"actions": rows, "peak": simulate.peak_in_flight(order), "stages": stages.stages_per_rank(name, v) * p}, order
 
 
 def entry(name: str, order: simulate.Order, v: int, f: float, i: float, w: float) -> dict:
@@ -97,7 +97,7 @@ def grid() -> dict:
         for f, i, w in itertools.product(GRID["F"], GRID["I"], GRID["W"]):
             entries[key(name, p, m, v, f, i, w)] = entry(name, order, v, f, i, w)
     return {"grid": GRID, "quantum": QUANTUM, "colours": timeline.KIND_COLOURS,
-            "placement": simulate.TORCH_SCHEDULES, "orders": orders, "entries": entries}
+            "placement": {n: stages.placement(n) for n in stages.TORCH_SCHEDULES}, "orders": orders, "entries": entries}
 
 
 def page(data: dict | None = None) -> str:
