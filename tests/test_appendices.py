@@ -3,7 +3,7 @@ failing with torch's exact message (each launch under a timeout: a hang is a fai
 
 import pytest
 
-from conftest import assert_one_error_line
+from conftest import assert_one_line_error, refusal
 from ppbook import errors, launch
 
 pytestmark = pytest.mark.torchrun
@@ -18,7 +18,9 @@ MISTAKES = [
      "Given normalized_shape=[32], expected input with shape [*, 32], but got input of size[2, 8, 16]"),
     ("target-positional", [], 0, "TypeError", "GPT.forward() takes 2 positional arguments but 3 were given"),
     ("no-target", [], 1, "PipeliningMetadataError", "Stage 1: loss_fn and target required for last stage"),
-    ("hang", ["--timeout", "5"], None, "RuntimeError", "Timed out waiting 5000ms for recv operation to complete"),
+    # both ranks wait with the same timeout, rank 0 on its sends and the last rank in the barrier:
+    # either may time out first, so the root cause is whichever wait ran out (send or recv)
+    ("hang", ["--timeout", "5"], None, "RuntimeError", "Timed out waiting 5000ms for "),
 ]
 
 
@@ -42,9 +44,12 @@ def test_troubleshooting_hang_leaves_a_flight_record_per_rank(tmp_path):
     r = launch.torchrun("a3_troubleshooting.py", ["--mistake", "hang", "--timeout", "5", "--dump-dir", tmp_path],
                         nproc=2, timeout=300, check=False, json_result=False)
     records = sorted(line for line in r.output.splitlines() if line.startswith("[flight record]"))
-    assert records[0].startswith("[flight record] rank 0, step 1: completed 0F0 0F1 0F2 0F3;"), r.output
-    assert records[1].startswith("[flight record] rank 1, step 1: completed nothing; then RuntimeError: "
-                                 "Timed out waiting 5000ms"), r.output
+    assert len(records) == 2, r.output
+    assert records[0].startswith("[flight record] rank 0, step 1: completed 0F0 0F1 0F2 0F3; then RuntimeError: "), \
+        r.output
+    assert records[1].startswith("[flight record] rank 1, step 1: completed nothing; then RuntimeError: "), r.output
+    # whichever rank's wait ran out first raised the timeout; the other one may only have lost its peer
+    assert any("Timed out waiting 5000ms for " in line for line in records), r.output
     dumps = {d["rank"]: d for d in (json.loads(f.read_text()) for f in tmp_path.glob("rank*.json"))}
     assert [(e["kind"], e["microbatch"]) for e in dumps[0]["completed"]] == [("F", i) for i in range(4)]
     assert dumps[1]["completed"] == [] and dumps[1]["step"] == 1
@@ -57,10 +62,8 @@ def test_troubleshooting_correct_setups_complete(mistake):
 
 
 def test_troubleshooting_refuses_other_world_sizes_in_one_line():
-    r = launch.python("a3_troubleshooting.py", ["--mistake", "none"], timeout=120, check=False, json_result=False)
-    assert r.returncode == 2
-    assert [line for line in r.output.splitlines() if "error:" in line] == [
-        "a3_troubleshooting.py: error: every mistake is staged on exactly 2 processes, got 1; use --nproc-per-node 2"]
+    assert refusal("a3_troubleshooting.py", ["--mistake", "none"], world_size=1) == \
+        "every mistake is staged on exactly 2 processes, got 1; use --nproc-per-node 2"
 
 
 def test_rank_errors_and_root_cause_skip_consequences():
@@ -121,8 +124,7 @@ def test_migration_balance_maps_to_stage_layers():
     (["--checkpoint", "except_last"], 2, "--checkpoint except_last has no equivalent today"),
 ])
 def test_migration_bad_old_arguments_get_one_line(args, nproc, message):
-    r = launch.torchrun("a1_migrate.py", args, nproc=nproc, timeout=120, check=False, json_result=False)
-    assert_one_error_line(r, "a1_migrate.py", message)
+    assert_one_line_error("a1_migrate.py", args, message, nproc=nproc)
 
 
 # --- reader experience: notebooks for Colab and download, never committed under book/ -------------
