@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch
-from conftest import ROOT, assert_one_error_line
+from conftest import ROOT, assert_one_error_line, assert_one_line_error
 
 from ppbook import launch, nodes
 
@@ -74,18 +74,30 @@ def test_ddp_per_stage_fails_in_torch_2_13():
     assert_matches_one_process(one)
 
 
-@pytest.mark.parametrize("launcher,args,message", [
-    ("torchrun", ["--dp", "3"], "--dp 3 must divide the number of processes (4)"),
-    ("torchrun", ["--dp", "2", "--batch-size", "6"], "must split into --dp 2 replicas"),
-    ("python", ["--ray-workers", "4", "--dp", "3"], "--dp 3 must divide the number of processes (4)"),
-    ("python", ["--ray-workers", "-1"], "--ray-workers must be 0"),
+def test_bad_input_one_line_nonzero_exit_end_to_end():
+    """The one launch that shows a refusal end to end: four ranks under torchrun, each refusing
+    the same bad flag before any process group, give one error line and a non-zero exit (every
+    other script's refusals are checked in-process: conftest.refusal)."""
+    r = launch.torchrun("09_scaling_out.py", ["--dp", "2", "--batch-size", "6"], nproc=4, timeout=120, check=False,
+                        json_result=False)
+    assert_one_error_line(r, "09_scaling_out.py", "must split into --dp 2 replicas")
+
+
+def test_dp_must_divide_the_processes():
+    assert_one_line_error("09_scaling_out.py", ["--dp", "3"], "--dp 3 must divide the number of processes (4)", nproc=4)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--ray-workers", "4", "--dp", "3"], "--dp 3 must divide the number of processes (4)"),
+    (["--ray-workers", "-1"], "--ray-workers must be 0"),
 ])
-def test_bad_input_one_line_nonzero_exit(launcher, args, message):
-    if launcher == "torchrun":
-        r = launch.torchrun("09_scaling_out.py", args, nproc=4, timeout=120, check=False, json_result=False)
-    else:
-        r = launch.python("09_scaling_out.py", args, timeout=60, check=False, json_result=False)
-    assert_one_error_line(r, "09_scaling_out.py", message)
+def test_ray_launcher_bad_input_one_line_exit_2(args, message, capsys):
+    """With --ray-workers the script is its own launcher: main() validates (Ray's workers are the
+    processes) and refuses in one line, exit status 2, before Ray starts."""
+    script = launch.load_script("09_scaling_out.py")
+    assert script.main(args) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("09_scaling_out.py: error:")]
+    assert len(errors) == 1 and message in errors[0], errors
 
 
 def test_slurm_batch_script_runs_on_loopback_with_stand_ins(tmp_path, pp_dp_torchrun):

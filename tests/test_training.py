@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from conftest import assert_one_error_line
+from conftest import assert_one_line_error
 from ppbook import data, launch, training
 
 
@@ -154,7 +154,6 @@ def small_tokenizer(tmp_path_factory):
     return str(path)
 
 
-@pytest.mark.torchrun
 @pytest.mark.parametrize("args,message", [
     (["--data", "/no/such/corpus.txt"], "data file /no/such/corpus.txt does not exist"),
     (["--tokenizer-file", "TOKENIZER"], "has 300 tokens but the model's --vocab is 512; pass --vocab 300"),
@@ -169,5 +168,4 @@ def test_train_bad_input_is_one_line_and_nonzero_exit(args, message, small_token
     corrupt = tmp_path / "tokenizer.json"
     corrupt.write_text('{"version": "1.0", "model": {"type": "BPE", "vocab": ')  # cut off mid-file
     args = [{"TOKENIZER": small_tokenizer, "CORRUPT": str(corrupt)}.get(a, a) for a in args]
-    r = launch.torchrun("06_train.py", args, nproc=2, timeout=120, check=False, json_result=False)
-    assert_one_error_line(r, "06_train.py", message)
+    assert_one_line_error("06_train.py", args, message)
