@@ -97,6 +97,53 @@ def test_no_checkpoint_yet_means_fresh_start(tmp_path):
         ckpt.find_resume(tmp_path, str(tmp_path / "step-000009"))
 
 
+# --- one writer per folder -----------------------------------------------------------------------
+@pytest.fixture
+def live_writer(tmp_path):
+    """A live process that holds tmp_path's writer claim, as the ranks of a job whose torchrun was
+    SIGKILLed do; yields (folder, process), SIGKILLs it at the end."""
+    import subprocess
+    import sys
+
+    code = ("import sys, time\nfrom ppbook import checkpoint as c\nlock = c.claim(sys.argv[1])\n"
+            "print('held', flush=True)\ntime.sleep(600)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        yield tmp_path, proc
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+
+
+def test_a_live_writer_is_refused_in_one_line_and_a_dead_ones_claim_is_taken_over(live_writer):
+    folder, holder = live_writer
+    with pytest.raises(ckpt.CheckpointError) as err:
+        ckpt.claim(folder)
+    message = str(err.value)
+    assert "\n" not in message and "is being written by a live job" in message
+    assert f"process {holder.pid} holds .writer.lock" in message
+    holder.kill()  # dies without a word, as a SIGKILLed rank does: the kernel drops its lock
+    holder.wait(timeout=30)
+    mine = ckpt.claim(folder)
+    assert (folder / ".writer.lock").read_text() == f"process {__import__('os').getpid()}"
+    mine.close()
+    ckpt.claim(folder).close()  # closed (or exited): free again
+
+
+@pytest.mark.torchrun
+def test_a_second_job_on_a_live_writers_folder_is_refused_under_torchrun(live_writer):
+    """Every rank ends (rank 0 refuses before any process group, torchrun stops the others): one
+    line, a non-zero exit, no hang; the live job's folder is untouched. A restart after the old
+    ranks died is test_killed_rank_recovers_under_max_restarts (its restarted rank 0 claims the
+    folder that the killed group held)."""
+    folder, holder = live_writer
+    r = launch.torchrun(SCRIPT, ["--steps", "4", "--save-dir", folder, "--save-every", "2"], nproc=2, timeout=120,
+                        check=False, json_result=False)
+    assert_one_error_line(r, SCRIPT, f"is being written by a live job (process {holder.pid} holds .writer.lock)")
+    assert not ckpt.committed(folder) and not ckpt.partial(folder)
+
+
 # --- the script under torchrun (each test marked: they launch processes) -----------------------
 
 @pytest.fixture(scope="module")
