@@ -14,7 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "torchrun: launches a companion script under torchrun")
+    config.addinivalue_line("markers", "torchrun: launches processes (a script under torchrun, or alone); "
+                                       "make test-fast leaves these out")
     config.addinivalue_line("markers", "book: builds the whole book or drives a browser")
 
 
