@@ -157,9 +157,10 @@ def uninterrupted(tmp_path_factory):
 
 
 @pytest.mark.torchrun
-@pytest.mark.parametrize("nproc", [2, 4, 3])
+@pytest.mark.parametrize("nproc", [2, 3])
 def test_resume_and_reshard_continue_bitwise(uninterrupted, nproc):
-    """Stopped after step 3 at p = 2, resumed at p = 2, 4 and 3 (uneven: [[0, 1], [2], [3]])."""
+    """Stopped after step 3 at p = 2, resumed at p = 2 and 3 (uneven: [[0, 1], [2], [3]]); at 4 and
+    in one process without a process group, chapter 7 runs and checks it."""
     d, ref = uninterrupted
     r = launch.torchrun(SCRIPT, [*STEPS, "--resume", d / "step-000003", "--check"], nproc=nproc, timeout=300)
     assert r.data["start_step"] == 3 and r.data["world_size"] == nproc
@@ -170,14 +171,6 @@ def test_resume_and_reshard_continue_bitwise(uninterrupted, nproc):
         assert r.data["rng_after"] == ref["rng_after"]  # each rank's RNG restored
     if nproc == 3:
         assert r.data["layers_per_stage"] == [[0, 1], [2], [3]]
-
-
-@pytest.mark.torchrun
-def test_reshard_into_one_process_without_process_group(uninterrupted):
-    d, ref = uninterrupted
-    r = launch.python(SCRIPT, [*STEPS, "--resume", d / "step-000003", "--check"], timeout=300)
-    assert r.data["process_group"] is False and r.data["world_size"] == 1
-    assert r.data["digest"] == ref["digest"] and r.data["match"] is True
 
 
 @pytest.mark.torchrun
@@ -237,16 +230,6 @@ def test_corrupted_checkpoint_refused_nonzero_exit(uninterrupted, tmp_path, how)
         ["--save-dir", tmp_path / "ckpt", "--resume"]
     # refused by validate, before any process group: a ValueError (CheckpointError), printed as one line
     assert_one_line_error(SCRIPT, ["--steps", "8", *resume], "is corrupted: __1_0.distcp has another SHA-256")
-
-
-@pytest.mark.torchrun
-def test_nested_optimizer_state_fails_on_resume(tmp_path):
-    """The pitfall the chapter shows: the default (nested) optimizer state keeps one stage's param_groups."""
-    launch.torchrun(SCRIPT, ["--steps", "2", "--save-dir", tmp_path, "--save-every", "2", "--optim-state", "nested"],
-                    nproc=2, timeout=300, json_result=False)
-    r = launch.torchrun(SCRIPT, ["--steps", "3", "--save-dir", tmp_path, "--resume", "--optim-state", "nested"],
-                        nproc=2, timeout=300, check=False, json_result=False)
-    assert r.returncode != 0 and "KeyError: 'betas'" in r.output
 
 
 @pytest.mark.parametrize("args,message", [
