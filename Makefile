@@ -14,7 +14,7 @@ TORCH_PIN := $(shell grep -m1 '^torch==' requirements-reader.txt)
 
 NOTEBOOKS_BRANCH := $(shell sed -n 's/^ *ppbook_notebooks_branch: *\([^ #]*\).*/\1/p' _config.yml)
 
-.PHONY: book book-cached notebooks publish-notebooks pdf test test-fast bench bench-schedules browser-deps clean
+.PHONY: book book-cached notebooks publish-notebooks pdf test test-fast test-scripts bench bench-schedules browser-deps clean
 
 $(STAMP): requirements.txt requirements-reader.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] >= (3, 10) else "ppbook needs Python >= 3.10 (3.11 recommended), found " + sys.version.split()[0])'
@@ -56,9 +56,13 @@ browser-deps:
 test: $(STAMP) browser-deps
 	$(BIN)/python -m pytest
 
-# Everything but the full book build and the browser test.
+# The inner loop: pure and in-process tests only (no launched process, no book, no browser).
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -m "not book"
+	$(BIN)/python -m pytest -m "not book and not torchrun"
+
+# Every test that launches a script (torchrun or one process), without the book and the browser.
+test-scripts: $(STAMP)
+	$(BIN)/python -m pytest -m "torchrun and not book"
 
 # Timing benchmarks (numbers for people, not pass/fail): GPipe busy fraction vs simulator,
 # from-scratch GPipe vs ScheduleGPipe step time.

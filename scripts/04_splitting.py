@@ -249,7 +249,9 @@ def kwarg(args, info, tokens, targets) -> None:
             schedule.step()
     except Exception as err:  # one line per rank that a chapter can show, then fail as torch does
         cause = err.__cause__ or err
-        print(f"rank {info.rank} failed: {type(cause).__name__}: {cause}".replace("\n", " "), file=sys.stderr, flush=True)
+        line = f"rank {info.rank} failed: {type(cause).__name__}: {cause}".replace("\n", " ")
+        sys.stderr.write(line + "\n")  # one write: another rank's line cannot land before our newline
+        sys.stderr.flush()
         raise
 
 

@@ -88,8 +88,11 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
         if args.kill_during_save and not (args.save_every and args.kill_at_step % args.save_every == 0):
             raise ValueError(f"--kill-during-save needs a save after step {args.kill_at_step}: make it a multiple "
                              f"of --save-every {args.save_every}")
+    rank = int(os.environ.get("RANK", "0"))
+    if args.save_dir and args.save_every and rank == 0:  # rank 0 commits: one job per folder while it lives
+        args.writer_lock = ckpt.claim(args.save_dir)  # held until this process ends, however it ends
     # Resolved before any process group exists: a corrupted checkpoint is refused in one line.
-    quiet = os.environ.get("RANK", "0") != "0"
+    quiet = rank != 0
     args.resume_path = ckpt.find_resume(args.save_dir, args.resume, report=(lambda _: None) if quiet else print)
 
 

@@ -83,8 +83,11 @@ def hang(schedule, stage, info, tokens, targets, dump_dir: str | None) -> int:
     except Exception as err:
         done = " ".join(e.label for e in rec.events) or "nothing"
         message = errors.without_source_path(str(err).splitlines()[0])
-        print(f"[flight record] rank {info.rank}, step {step}: completed {done}; then "
-              f"{type(err).__name__}: {message[:150]}", flush=True)
+        # one write of the whole line: both ranks may report at the same moment, and print()
+        # writes the newline separately, so two ranks' lines could run into one
+        sys.stdout.write(f"[flight record] rank {info.rank}, step {step}: completed {done}; then "
+                         f"{type(err).__name__}: {message[:150]}\n")
+        sys.stdout.flush()
         if dump_dir:  # one file per rank, readable after every process has died
             cli.write_json(os.path.join(dump_dir, f"rank{info.rank}.json"), {
                 "rank": info.rank, "step": step, "completed": timeline.to_json(rec.events),

@@ -14,7 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "torchrun: launches a companion script under torchrun")
+    config.addinivalue_line("markers", "torchrun: launches processes (a script under torchrun, or alone); "
+                                       "make test-fast leaves these out")
     config.addinivalue_line("markers", "book: builds the whole book or drives a browser")
 
 
@@ -45,9 +46,36 @@ def assert_one_error_line(result, script: str, message: str) -> None:
     assert len(errors) == 1 and message in errors[0], result.output
 
 
-def assert_one_line_error(script: str, args: list, message: str, nproc: int = 2, timeout: float = 90) -> None:
-    """``script`` under torchrun with bad ``args``: see :func:`assert_one_error_line`."""
+def refusal(script: str, args: list, world_size: int = 2) -> str:
+    """The message ``scripts/<script>`` refuses ``args`` with at ``world_size`` processes, found
+    in this process: the script's pure ``validate(args, world_size)`` (what it runs on every rank
+    before any process group), so a bad flag costs no torchrun launch. Fails if it accepts them.
+
+    That a refusal reaches the terminal as one line and exit status 2 on every rank is the
+    launcher's part, tested once end to end under torchrun (``tests/test_scaling_out.py``).
+    """
     from ppbook import launch
 
-    r = launch.torchrun(script, args, nproc=nproc, timeout=timeout, check=False, json_result=False)
-    assert_one_error_line(r, script, message)
+    module = launch.load_script(script)
+    validate = getattr(module, "validate", None) or module.cli.validate_common  # scripts with no checks of their own
+    with pytest.raises(ValueError) as err:
+        validate(module.parse_args([str(a) for a in args]), world_size)
+    return str(err.value)
+
+
+def assert_one_line_error(script: str, args: list, message: str, nproc: int = 2) -> None:
+    """``script`` refuses bad ``args`` at ``nproc`` processes with one line saying ``message``
+    (checked in-process: see :func:`refusal`)."""
+    text = refusal(script, args, nproc)
+    assert message in text and "\n" not in text, text
+
+
+def argparse_refusal(script: str, args: list, capsys) -> str:
+    """What argparse prints when ``scripts/<script>`` is given ``args`` it cannot parse (exit status 2)."""
+    from ppbook import launch
+
+    module = launch.load_script(script)
+    with pytest.raises(SystemExit) as err:
+        module.parse_args([str(a) for a in args])
+    assert err.value.code == 2
+    return capsys.readouterr().err

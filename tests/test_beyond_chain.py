@@ -5,7 +5,7 @@ import copy
 import pytest
 import torch
 
-from conftest import assert_one_error_line
+from conftest import assert_one_line_error
 from ppbook import launch
 from ppbook.models import GPTConfig
 from ppbook.skip import build_skip_model, sync_tied_grads, tied_group_ranks, tied_parameter
@@ -59,7 +59,7 @@ def test_tied_group_ranks_and_sync_without_group_is_a_no_op():
 
 # --- under torchrun -------------------------------------------------------------------------
 @pytest.mark.torchrun
-@pytest.mark.parametrize("nproc", [2, 4])
+@pytest.mark.parametrize("nproc", [2])  # 4 processes: chapter 8 runs the same launch and checks it
 def test_skip_and_tied_pipelines_match_one_process(nproc):
     data = launch.torchrun("08_beyond_chain.py", ["--check", "--dtype", "float64"], nproc=nproc, timeout=300).data
     runs = {r["variant"]: r for r in data["runs"]}
@@ -82,15 +82,8 @@ def test_one_process_without_torchrun():
     assert all(r["match"] and r["pipeline_losses"] == r["reference_losses"] for r in data["runs"])
 
 
-@pytest.mark.torchrun
-def test_dict_between_stages_is_refused():
-    r = launch.torchrun("08_beyond_chain.py", ["--stage-output", "dict", "--variants", "skip"], nproc=2,
-                        timeout=180, check=False, json_result=False)
-    assert r.returncode != 0
-    assert "Stage args must be a tensor, tuple, or list of tensors, got dict" in r.output
+# --stage-output dict refused with torch's message: chapter 8 launches and checks it
 
 
-@pytest.mark.torchrun
 def test_bad_input_one_line_nonzero_exit():
-    r = launch.torchrun("08_beyond_chain.py", ["--layers", "1"], nproc=2, timeout=60, check=False, json_result=False)
-    assert_one_error_line(r, "08_beyond_chain.py", "need at least 2 layers")
+    assert_one_line_error("08_beyond_chain.py", ["--layers", "1"], "need at least 2 layers")

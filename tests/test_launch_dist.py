@@ -42,6 +42,7 @@ def test_missing_json_is_an_error(tmp_path):
         launch.python(script, timeout=30)
 
 
+@pytest.mark.torchrun
 def test_timeout_kills_every_rank(tmp_path):
     """A hanging torchrun job (all ranks asleep) is killed at the timeout, never waited on."""
     script = write(tmp_path, "import time; time.sleep(600)")

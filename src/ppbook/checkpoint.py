@@ -26,12 +26,16 @@ What this module adds to DCP:
   into ``manifest.json``, and only then is the folder renamed to ``step-NNNNNN``. A save killed
   half-way leaves a ``.tmp-`` folder that :func:`find_resume` reports and skips; a committed
   checkpoint whose files do not match its manifest is refused in one line;
+* one writing job per folder (:func:`claim`): when torchrun itself is SIGKILLed its workers live
+  on and keep committing checkpoints; a job restarted on the same folder is refused in one line
+  while they live, and free to go as soon as they are dead;
 * keeping the newest ``keep`` checkpoints, exporting one to a single ``torch.save`` file that the
   plain model loads with ``strict=True``, and reading which rank wrote which tensor.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -160,6 +164,38 @@ def save(root: str | Path, step: int, model: nn.Module, optimizer: torch.optim.O
     if _distributed():
         dist.barrier()  # nobody goes on (or reports "saved") before the commit
     return final
+
+
+# --- one writer per folder ------------------------------------------------------------------
+def claim(root: str | Path):
+    """Claim folder ``root`` for the job that will save into it; rank 0 calls it (the rank that
+    commits), before any process group exists, and keeps the returned file open for as long as
+    the job saves (it is closed when the process ends).
+
+    torchrun starts each rank in a session of its own, so when torchrun itself is SIGKILLed its
+    ranks live on and keep committing checkpoints; a job restarted on the same folder would commit
+    between theirs. The claim is an exclusive ``fcntl.flock`` on ``root/.writer.lock``: the kernel
+    drops it when the process ends, however it dies, so a dead run never holds the folder, and a
+    live one refuses the next job in one line that names its process. (A child forked without
+    exec inherits the lock with the file; on a shared file system flock needs a server that
+    supports it, as NFSv4 and Lustre do.) Raises :class:`CheckpointError`.
+    """
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / ".writer.lock"
+    f = open(path, "a+")  # not truncated before the lock is ours: it names the holder
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "another process"
+        f.close()
+        raise CheckpointError(f"checkpoint folder {root} is being written by a live job ({holder} holds {path.name}); "
+                              f"stop that job first, or save into another folder") from None
+    f.truncate(0)
+    f.write(f"process {os.getpid()}")
+    f.flush()
+    return f
 
 
 # --- find and verify -------------------------------------------------------------------------

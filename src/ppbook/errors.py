@@ -35,6 +35,17 @@ def root_cause(output: str) -> tuple[int, str, str] | None:
     return own[0] if own else next(((r, t, msg) for r, (t, msg) in errors.items()), None)
 
 
+def surfaced(output: str, kind: str, message: str, rank: int | None = None) -> bool:
+    """Whether a failed launch's ``output`` shows one mistake as the book describes it: the root
+    cause (:func:`root_cause`) is a ``kind`` whose message contains ``message``, on ``rank`` (any
+    rank when ``None``: a race decides which side of a hang times out first), and every other
+    rank either made the same mistake or only lost its peer (:data:`CONSEQUENCES`)."""
+    cause = root_cause(output)
+    if cause is None or cause[1] != kind or message not in cause[2] or rank not in (None, cause[0]):
+        return False
+    return all(message in msg or any(c in msg for c in CONSEQUENCES) for _, msg in rank_errors(output).values())
+
+
 def without_source_path(message: str) -> str:
     """gloo prefixes its messages with the C++ file it was built from (``[/__w/.../pair.cc:553] ``);
     drop that prefix so the message reads the same on every build of torch."""
