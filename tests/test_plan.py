@@ -92,7 +92,8 @@ def test_worked_cases_answers_are_consistent(case):
         assert c.p * c.dp * req.tp == req.gpus and c.dp * c.b * c.m == req.global_batch
         assert o.memory_gb <= usable and o.why_not is None
         if c.schedule != plan.NO_PIPELINE:
-            assert simulate.schedule_problem(c.schedule, c.p, c.m, c.v, 80) is None
+            layers = memory.LLAMA_SIZES[plan.MODELS[req.model]].n_layers
+            assert simulate.schedule_problem(c.schedule, c.p, c.m, c.v, layers) is None
         assert o.step_s >= o.pipeline_s > 0 and 0 <= o.bubble < 1
     assert [o.step_s for o in ranked] == sorted(o.step_s for o in ranked)
     assert all(o.why_not for o in dropped)
