@@ -258,17 +258,22 @@ def _simulated_ms(c: Candidate) -> list[int]:
     return [2 * c.p, 3 * c.p]
 
 
-def _at(c: Candidate, req: Request, m: int, costs) -> dict:
+def _span_at(c: Candidate, req: Request, m: int, costs) -> float:
+    """Simulated time of the pipeline's passes for ``m`` microbatches, hand-offs over the layout's links."""
     cfg = memory.LLAMA_SIZES[MODELS[req.model]]
     order = _order(c, m)
-    n = _num_stages(c)
     rank_of = {a.stage: r for r, acts in order.items() for a in acts}
     link = network.handoff_latency(traffic.boundary_bytes(c.b, req.seq_len, cfg.dim, 2) // req.tp, rank_of, c.dp,
                                    req.tp, req.gpus_per_node, network.LINKS[req.intra], network.LINKS[req.inter])
-    events = simulate.simulate(order, costs, latency=link)
-    span = max(e.end for e in events)
-    busy = sum(e.end - e.start for e in events) / (c.p * span)
-    # activations: bytes each stage saves per microbatch, held per the order
+    return max(e.end for e in simulate.simulate(order, costs, latency=link))
+
+
+def _held_at(c: Candidate, req: Request, m: int) -> tuple[dict[int, int], int]:
+    """Per rank, the peak bytes of saved activations for ``m`` microbatches, and how many
+    microbatches' logits the last stage holds at once: from the order alone, no simulation."""
+    cfg = memory.LLAMA_SIZES[MODELS[req.model]]
+    order = _order(c, m)
+    n = _num_stages(c)
     dt = memory.PRECISIONS[req.precision].activation_bytes
     layers = _stage_layers(c, req)
     per_mb = {s: memory.stage_activation_bytes(cfg, c.b, req.seq_len, layers[s], s == 0, s == n - 1, dt, c.recompute)
@@ -278,9 +283,7 @@ def _at(c: Candidate, req: Request, m: int, costs) -> dict:
         for s in range(n):
             full = c.recompute or s == n - 1  # an upper bound where the formula is not exact
             residual[s] = per_mb[s] if full else layers[s] * memory.block_residual_bytes(cfg, c.b, req.seq_len, dt) // req.tp
-    act = memory.peak_activation_bytes(order, per_mb, residual, by="rank")
-    logits_held = simulate.peak_in_flight(order)[n - 1]
-    return {"span": span, "busy": busy, "act": act, "logits_held": logits_held, "rank_of": rank_of}
+    return memory.peak_activation_bytes(order, per_mb, residual, by="rank"), simulate.peak_in_flight(order)[n - 1]
 
 
 def _extrapolate(points: list[tuple[int, float]], m: int) -> float:
@@ -308,19 +311,16 @@ def _owned(c: Candidate, rank: int) -> list[int]:
     return [0] if c.schedule == NO_PIPELINE else simulate.stage_indices(c.schedule, rank, c.p, c.v)
 
 
-def predict(c: Candidate, req: Request) -> Outcome:
-    """Step time, bubble and the fullest GPU's memory of one candidate (constraints assumed met)."""
+def predict(c: Candidate, req: Request, usable_gb: float | None = None) -> Outcome:
+    """Step time, bubble and the fullest GPU's memory of one candidate (constraints assumed met).
+    With ``usable_gb``, a candidate whose memory exceeds it is returned with ``why_not`` and no
+    simulation (memory follows from the order alone)."""
     cfg = memory.LLAMA_SIZES[MODELS[req.model]]
-    costs = stage_costs(c, req)
     ms = _simulated_ms(c)
-    runs = [_at(c, req, m, costs) for m in ms]
-    span = _extrapolate([(m, r["span"]) for m, r in zip(ms, runs)], c.m)
-    work = sum(costs[(a.stage, a.kind)] for acts in _order(c, ms[-1]).values() for a in acts) / ms[-1] * c.m
-    bubble = max(0.0, 1 - work / (c.p * span))
+    held = [_held_at(c, req, m) for m in ms]
     n = _num_stages(c)
     layers = _stage_layers(c, req)
-    pr = memory.PRECISIONS[req.precision]
-    dt = pr.activation_bytes
+    dt = memory.PRECISIONS[req.precision].activation_bytes
     intra, inter = network.LINKS[req.intra], network.LINKS[req.inter]
     dp_link = network.group_link(c.dp * req.tp, req.gpus_per_node, intra, inter)
     worst_mem, worst_dp = 0.0, 0.0
@@ -331,13 +331,20 @@ def predict(c: Candidate, req: Request) -> Outcome:
             sync = traffic.fsdp_bytes_per_rank(w, g, c.dp) / dp_link.bandwidth + 3 * (c.dp - 1) * dp_link.latency
         else:
             sync = dp_link.allreduce(g, c.dp)
-        act = _extrapolate([(m, r["act"].get(rank, 0)) for m, r in zip(ms, runs)], c.m)
+        act = _extrapolate([(m, h[0].get(rank, 0)) for m, h in zip(ms, held)], c.m)
         if c.recompute:
             act += memory.recompute_transient_bytes(cfg, c.b, req.seq_len, dt) / req.tp
-        held = _extrapolate([(m, r["logits_held"]) for m, r in zip(ms, runs)], c.m)
-        logits = held * memory.logits_bytes(cfg, c.b, req.seq_len, dt, 4) / req.tp if n - 1 in stages else 0.0
+        count = _extrapolate([(m, h[1]) for m, h in zip(ms, held)], c.m)
+        logits = count * memory.logits_bytes(cfg, c.b, req.seq_len, dt, 4) / req.tp if n - 1 in stages else 0.0
         worst_mem = max(worst_mem, state + act + logits)
         worst_dp = max(worst_dp, sync)
+    if usable_gb is not None and worst_mem / 1e9 > usable_gb:
+        return Outcome(c, step_s=float("inf"), memory_gb=worst_mem / 1e9,
+                       why_not=f"does not fit: needs {worst_mem / 1e9:.0f} GB at its peak of the {usable_gb:.0f} GB usable")
+    costs = stage_costs(c, req)
+    span = _extrapolate([(m, _span_at(c, req, m, costs)) for m in ms], c.m)
+    work = sum(costs[(a.stage, a.kind)] for acts in _order(c, ms[-1]).values() for a in acts) / ms[-1] * c.m
+    bubble = max(0.0, 1 - work / (c.p * span))
     return Outcome(c, step_s=span + worst_dp, pipeline_s=span, dp_s=worst_dp, bubble=bubble, memory_gb=worst_mem / 1e9)
 
 
@@ -392,9 +399,8 @@ def plan(req: Request, keep_all: bool = False, slack: float = 0.05) -> tuple[lis
     for c in fits:
         if not keep_all and lower_bound(c, req) > best * (1 + slack):
             break
-        out = predict(c, req)
-        if out.memory_gb > usable:
-            out.why_not = f"does not fit: needs {out.memory_gb:.0f} GB at its peak of the {usable:.0f} GB usable"
+        out = predict(c, req, usable)
+        if out.why_not:
             dropped.append(out)
             continue
         ranked.append(out)
