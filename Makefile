@@ -14,7 +14,7 @@ TORCH_PIN := $(shell grep -m1 '^torch==' requirements-reader.txt)
 
 NOTEBOOKS_BRANCH := $(shell sed -n 's/^ *ppbook_notebooks_branch: *\([^ #]*\).*/\1/p' _config.yml)
 
-.PHONY: book book-cached notebooks publish-notebooks pdf test test-fast test-scripts bench bench-schedules browser-deps clean
+.PHONY: book book-cached notebooks publish-notebooks pdf test test-fast test-scripts bench bench-schedules bench-plan browser-deps clean
 
 $(STAMP): requirements.txt requirements-reader.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] >= (3, 10) else "ppbook needs Python >= 3.10 (3.11 recommended), found " + sys.version.split()[0])'
@@ -72,6 +72,11 @@ bench: $(STAMP)
 # The seven schedules of chapter 5: measured step time vs the simulator's prediction (target 10%).
 bench-schedules: $(STAMP)
 	$(BIN)/python tools/bench_schedules.py
+
+# The planner's time model (chapter 10): gloo's fitted latency + bytes / bandwidth in the simulator
+# against measured step times at two model widths (target 10%).
+bench-plan: $(STAMP)
+	$(BIN)/python tools/bench_plan.py
 
 clean:
 	rm -rf _build

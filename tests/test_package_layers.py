@@ -15,11 +15,13 @@ LAYERS: list[tuple[str, list[str]]] = [
      ["report", "claims", "errors", "bubble", "traffic", "dataflow", "data", "dist", "launch",
       "activations", "checkpoint"]),
     ("models, stage placement, recording, driving a schedule, training pieces, nodes",
-     ["models", "stages", "timeline", "driver", "training", "nodes"]),
-    ("built on a model or a timeline: memory, balancing, skip models, the workload, timing, simulating",
-     ["memory", "split", "skip", "workload", "measure", "simulate"]),
-    ("top: the scripts' command line, fitting the simulator to measured runs, the site's explorer",
-     ["cli", "fit", "explorer"]),
+     ["models", "stages", "timeline", "driver", "training", "nodes", "network"]),
+    ("built on a model or a timeline: balancing, skip models, the workload, timing, simulating",
+     ["split", "skip", "workload", "measure", "simulate"]),
+    ("on the simulator or the workload: the scripts' command line, fitting the simulator to measured runs, "
+     "the site's explorer, memory in bytes per schedule",
+     ["cli", "fit", "explorer", "memory"]),
+    ("top: the planner", ["plan"]),
 ]
 
 

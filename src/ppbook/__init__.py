@@ -2,7 +2,8 @@
 
 Modules, in the order the book introduces them:
 
-* :mod:`ppbook.memory`  -- training memory of a model and how many devices it needs (chapter 0)
+* :mod:`ppbook.memory`  -- training memory of a model and how many devices it needs (chapter 0), in
+  bytes per stage and schedule (chapter 10)
 * :mod:`ppbook.models`  -- the GPT-style and Llama-style models, deterministic from a seed (chapter 0)
 * :mod:`ppbook.stages`  -- which layers each stage owns, cutting a stage out; stages per rank per schedule (chapter 0)
 * :mod:`ppbook.dist`    -- process-group set-up and tear-down, CPU or GPU (chapter 1)
@@ -27,6 +28,8 @@ Modules, in the order the book introduces them:
 * :mod:`ppbook.skip`    -- a model with a skip connection across stages, tied embeddings (chapter 8)
 * :mod:`ppbook.nodes`   -- several torchrun "nodes" on one machine; where mesh ranks land (chapter 9)
 * :mod:`ppbook.traffic` -- bytes per step crossing the network for PP, DP and FSDP (chapter 9)
+* :mod:`ppbook.network` -- links as latency + bytes / bandwidth, NVLink/IB/RoCE presets (chapter 10)
+* :mod:`ppbook.plan`    -- the planner: layouts and schedules ranked by predicted step time (chapter 10)
 * :mod:`ppbook.errors`  -- finding the rank that failed in torchrun's output (appendix C)
 """
 
