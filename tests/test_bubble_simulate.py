@@ -44,8 +44,8 @@ def test_min_microbatches_and_errors():
 
 def test_gpipe_order_matches_torchs_description():
     """Same action order as torch 2.13's description of ScheduleGPipe. (Its description of
-    Schedule1F1B is wrong for ranks > 0 -- rank 1 starts with 1F1 and lists a microbatch 4 at
-    m=4 -- so one_f_one_b_order follows Schedule1F1B's step code, and test_scripts.py checks it
+    Schedule1F1B is wrong for the last rank -- rank 1 of 2 starts with 1F1 and lists a
+    microbatch 4 at m=4 -- so one_f_one_b_order follows Schedule1F1B's step code, and test_scripts.py checks it
     against a recorded Schedule1F1B run.)"""
     from torch.distributed.pipelining.schedules import ScheduleGPipe
 
