@@ -81,8 +81,9 @@ def test_no_glue_or_role_left_unrendered(built_book):
         assert '$<span class="math' not in text, page
 
 
-def _mini_book(tmp_path: Path, cell: str) -> subprocess.CompletedProcess:
-    """A one-page book with the real _config.yml, whose only code cell is ``cell``."""
+def _mini_book(tmp_path: Path, cell: str, prose: str = "Text.") -> subprocess.CompletedProcess:
+    """A one-page book with the real _config.yml, whose only code cell is ``cell``, followed by
+    the paragraph ``prose``."""
     for name in ("_config.yml",):
         shutil.copy(ROOT / name, tmp_path / name)
     shutil.copytree(ROOT / "_vendor", tmp_path / "_vendor")
@@ -91,7 +92,7 @@ def _mini_book(tmp_path: Path, cell: str) -> subprocess.CompletedProcess:
     shutil.copy(ROOT / "book" / "references.bib", tmp_path / "book" / "references.bib")
     (tmp_path / "_toc.yml").write_text("format: jb-book\nroot: book/page\n")
     (tmp_path / "book" / "page.md").write_text(
-        CHAPTER_HEADER + "\n# A page\n\nText.\n\n```{code-cell} ipython3\n" + cell + "\n```\n")
+        CHAPTER_HEADER + "\n# A page\n\nText.\n\n```{code-cell} ipython3\n" + cell + "\n```\n\n" + prose + "\n")
     cmd = [str(Path(sys.executable).with_name("jupyter-book")), "build", str(tmp_path), "--all", "-W", "-n", "--keep-going"]
     return subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
 
@@ -103,3 +104,15 @@ def test_a_failing_cell_fails_the_build(tmp_path):
     bad = _mini_book(tmp_path / "bad", "x = 1 / 0") if (tmp_path / "bad").mkdir() is None else None
     assert bad.returncode != 0
     assert "ZeroDivisionError" in bad.stdout + bad.stderr
+
+
+def test_a_false_claim_fails_the_build(tmp_path):
+    """A page that states a conclusion its numbers contradict does not build, and the build's
+    output names the claim (issue 13). The page imports the package the book uses; no torch."""
+    cell = ('from ppbook.claims import claim\n'
+            'stage_gb = 137.0\n'
+            'claim("tiny_stage_fits", stage_gb, stage_gb < 80, why="the stage fits in an 80 GB device")')
+    bad = _mini_book(tmp_path, cell, prose="The stage needs {glue:text}`tiny_stage_fits:.0f` GB, so it fits.")
+    out = bad.stdout + bad.stderr
+    assert bad.returncode != 0, out[-3000:]
+    assert "ClaimError" in out and "tiny_stage_fits" in out, out[-3000:]

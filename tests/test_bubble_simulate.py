@@ -44,8 +44,8 @@ def test_min_microbatches_and_errors():
 
 def test_gpipe_order_matches_torchs_description():
     """Same action order as torch 2.13's description of ScheduleGPipe. (Its description of
-    Schedule1F1B is wrong for ranks > 0 -- rank 1 starts with 1F1 and lists a microbatch 4 at
-    m=4 -- so one_f_one_b_order follows Schedule1F1B's step code, and test_scripts.py checks it
+    Schedule1F1B is wrong for the last rank -- rank 1 of 2 starts with 1F1 and lists a
+    microbatch 4 at m=4 -- so one_f_one_b_order follows Schedule1F1B's step code, and test_scripts.py checks it
     against a recorded Schedule1F1B run.)"""
     from torch.distributed.pipelining.schedules import ScheduleGPipe
 
@@ -114,3 +114,20 @@ def test_predicted_vs_measured_on_a_simulated_run():
     measured, predicted = fit.predicted_vs_measured({"steps": [step, step]}, order, draws=5)
     assert math.isclose(measured, predicted)
     assert math.isclose(measured, sum(timeline.busy_fractions(events).values()) / 2)
+
+
+def test_plot_on_shared_axes_never_cuts_an_earlier_longer_timeline():
+    """Item 14 of issue 13: with sharex=True the last timeline drawn used to set the shared
+    x-limit, cutting every longer one drawn before it."""
+    import matplotlib.pyplot as plt
+
+    long = simulate.simulate(simulate.torch_order("GPipe", 4, 8), {"F": 1.0, "B": 2.0})
+    short = simulate.simulate(simulate.torch_order("GPipe", 2, 2), {"F": 1.0, "B": 2.0})
+    fig, axes = plt.subplots(2, 1, sharex=True)
+    timeline.plot(long, ax=axes[0], labels=False, time_unit="s")
+    timeline.plot(short, ax=axes[1], labels=False, time_unit="s")
+    assert axes[1].get_xlim()[1] == timeline.span(long)[1]
+    assert timeline.cut_bars(fig) == []
+    axes[0].set_xlim(0, timeline.span(short)[1])  # what plot used to do: the check must see it
+    assert timeline.cut_bars(fig)
+    plt.close(fig)

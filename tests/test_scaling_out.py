@@ -119,3 +119,14 @@ def test_mesh_layout_keeps_pipelines_on_a_node_when_the_node_holds_whole_pipelin
     assert {x["node"] for x in one_pipeline} == {0, 1}  # 8 stages on 4-GPU nodes: the pipeline crosses
     with pytest.raises(ValueError, match="at least 1"):
         nodes.mesh_layout(0, 2, 4)
+
+
+def test_mesh_layout_with_pp_outermost_keeps_each_stage_group_on_a_node():
+    """Megatron-LM / torchtitan order (item 2 of #13): a stage's replicas share a node, the
+    pipeline crosses nodes."""
+    layout = nodes.mesh_layout(dp=4, pp=4, procs_per_node=8, pp_outermost=True)
+    for stage in range(4):
+        assert len({x["node"] for x in layout if x["pp_rank"] == stage}) == 1
+    assert len({x["node"] for x in layout if x["dp_rank"] == 0}) == 2
+    assert sorted((x["dp_rank"], x["pp_rank"]) for x in layout) == \
+        sorted((x["dp_rank"], x["pp_rank"]) for x in nodes.mesh_layout(4, 4, 8))  # same cells, other order

@@ -47,6 +47,12 @@ def test_torchs_description_of_1f1b_is_wrong_and_torch_order_corrects_it():
     assert theirs[0] == "1F1" and "1F4" in theirs  # skips microbatch 0, invents microbatch 4
     ours = [str(a) for a in simulate.torch_order("1F1B", 2, 4)[1]]
     assert ours == ["1F0", "1B0", "1F1", "1B1", "1F2", "1B2", "1F3", "1B3"]
+    # wrong for the last rank only (p - 1 - rank == 0), not for every rank but the first (item 4 of #13)
+    for p, m in ((2, 4), (3, 5), (4, 8)):
+        described = get_schedule_ops("1F1B", p, m)
+        wrong = [r for r, acts in simulate.torch_order("1F1B", p, m).items()
+                 if [str(a) for a in described[r] if a is not None and "REDUCE" not in str(a)] != list(map(str, acts))]
+        assert wrong == [p - 1], (p, m, wrong)
 
 
 def test_schedule_problem_agrees_with_torch():

@@ -20,18 +20,23 @@ from pathlib import Path
 from ppbook.launch import LaunchError, RunResult, child_env, kill_tree, repo_root, script_path
 
 
-def mesh_layout(dp: int, pp: int, procs_per_node: int) -> list[dict]:
+def mesh_layout(dp: int, pp: int, procs_per_node: int, pp_outermost: bool = False) -> list[dict]:
     """Where each rank of a (dp, pp) mesh runs when ranks fill nodes in order (torchrun, Slurm, Ray).
 
-    Rank ``r`` is mesh row ``r // pp`` (its data-parallel replica) and column ``r % pp`` (its
-    stage), and sits on node ``r // procs_per_node`` as local rank (GPU) ``r % procs_per_node``.
-    A pipeline is ``pp`` consecutive ranks, so when ``procs_per_node`` is a multiple of ``pp``
-    each pipeline stays on one node and only the data-parallel reduction crosses nodes.
+    By default (the mesh ``("dp", "pp")`` that chapter 9's script builds) rank ``r`` is mesh row
+    ``r // pp`` (its data-parallel replica) and column ``r % pp`` (its stage): a pipeline is ``pp``
+    consecutive ranks, so when ``procs_per_node`` is a multiple of ``pp`` each pipeline stays on
+    one node and the data-parallel groups cross nodes. With ``pp_outermost`` (the mesh
+    ``("pp", "dp")`` of Megatron-LM and torchtitan) rank ``r`` is stage ``r // dp`` and replica
+    ``r % dp``: each stage's data-parallel group is ``dp`` consecutive ranks, and the pipeline
+    boundaries cross nodes. Rank ``r`` sits on node ``r // procs_per_node`` as local rank (GPU)
+    ``r % procs_per_node``.
     """
     if dp < 1 or pp < 1 or procs_per_node < 1:
         raise ValueError(f"dp, pp and procs_per_node must be at least 1, got {dp}, {pp}, {procs_per_node}")
-    return [{"rank": r, "node": r // procs_per_node, "local_rank": r % procs_per_node, "dp_rank": r // pp,
-             "pp_rank": r % pp} for r in range(dp * pp)]
+    return [{"rank": r, "node": r // procs_per_node, "local_rank": r % procs_per_node,
+             "dp_rank": r % dp if pp_outermost else r // pp, "pp_rank": r // dp if pp_outermost else r % pp}
+            for r in range(dp * pp)]
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -67,8 +67,9 @@ def torch_order(name: str, p: int, m: int, v: int = 2) -> Order:
     gradient-reduction actions are left out.
 
     ``Schedule1F1B`` is the exception: torch 2.13 describes it with ``_get_pipeline_order``,
-    which is wrong for every rank but 0 (rank 1 at m = 4 starts with ``1F1`` and lists a
-    microbatch 4 that does not exist), while its ``step`` runs :func:`one_f_one_b_order`; so
+    which is wrong for the last rank only (p - 1 - rank == 0, no warm-up forwards: rank 1 of 2 at
+    m = 4 starts with ``1F1`` and lists a microbatch 4 that does not exist; ranks before it are
+    right), while its ``step`` runs :func:`one_f_one_b_order`; so
     that is what this returns. Torch's own errors (m too small, m not a multiple of the rounds)
     pass through as ``ValueError``.
     """

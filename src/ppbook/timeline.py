@@ -205,8 +205,26 @@ def plot(events: list[Event], ax=None, title: str | None = None, labels: bool = 
             ax.text(x + w / 2, e.rank, e.label, ha="center", va="center", fontsize=7, color="white")
     ax.set_yticks(ranks, [f"rank {r}" for r in ranks])
     ax.set_ylim(max(ranks) + 0.6, min(ranks) - 0.6)
-    ax.set_xlim(0, (t1 - t0) * scale)
+    # Axes made with sharex=True share one x-limit: setting it to this timeline's span would cut
+    # every longer timeline drawn before (the last one drawn wins). Extend it, never shrink it.
+    ax._ppbook_drawn_end = (t1 - t0) * scale
+    ax.set_xlim(0, max(getattr(a, "_ppbook_drawn_end", 0.0) for a in ax.get_shared_x_axes().get_siblings(ax)))
     ax.set_xlabel(f"time ({time_unit})")
     if title:
         ax.set_title(title, fontsize=10, loc="left")
     return ax
+
+
+def cut_bars(fig) -> list[str]:
+    """Every bar of ``fig`` that ends beyond its axis's right x-limit, as ``"title: label"``
+    (empty when every drawn timeline ends within its axis). Chapters check their timeline
+    figures with it, so that a figure cannot hide the end of a schedule."""
+    from matplotlib.patches import Rectangle
+
+    cut = []
+    for ax in fig.axes:
+        right = ax.get_xlim()[1]
+        for bar in ax.patches:
+            if isinstance(bar, Rectangle) and bar.get_x() + bar.get_width() > right * (1 + 1e-9) + 1e-12:
+                cut.append(f"{ax.get_title(loc='left')}: bar ending at {bar.get_x() + bar.get_width():g}")
+    return cut
