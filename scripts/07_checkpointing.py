@@ -90,7 +90,7 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
                              f"of --save-every {args.save_every}")
     rank = int(os.environ.get("RANK", "0"))
     if args.save_dir and args.save_every and rank == 0:  # rank 0 commits: one job per folder while it lives
-        args.writer_lock = ckpt.claim(args.save_dir)  # held until this process ends, however it ends
+        args.writer_lock = ckpt.lock_writer(args.save_dir)  # held until this process ends, however it ends
     # Resolved before any process group exists: a corrupted checkpoint is refused in one line.
     quiet = rank != 0
     args.resume_path = ckpt.find_resume(args.save_dir, args.resume, report=(lambda _: None) if quiet else print)

@@ -105,7 +105,7 @@ def live_writer(tmp_path):
     import subprocess
     import sys
 
-    code = ("import sys, time\nfrom ppbook import checkpoint as c\nlock = c.claim(sys.argv[1])\n"
+    code = ("import sys, time\nfrom ppbook import checkpoint as c\nlock = c.lock_writer(sys.argv[1])\n"
             "print('held', flush=True)\ntime.sleep(600)\n")
     proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)
     try:
@@ -119,16 +119,16 @@ def live_writer(tmp_path):
 def test_a_live_writer_is_refused_in_one_line_and_a_dead_ones_claim_is_taken_over(live_writer):
     folder, holder = live_writer
     with pytest.raises(ckpt.CheckpointError) as err:
-        ckpt.claim(folder)
+        ckpt.lock_writer(folder)
     message = str(err.value)
     assert "\n" not in message and "is being written by a live job" in message
     assert f"process {holder.pid} holds .writer.lock" in message
     holder.kill()  # dies without a word, as a SIGKILLed rank does: the kernel drops its lock
     holder.wait(timeout=30)
-    mine = ckpt.claim(folder)
+    mine = ckpt.lock_writer(folder)
     assert (folder / ".writer.lock").read_text() == f"process {__import__('os').getpid()}"
     mine.close()
-    ckpt.claim(folder).close()  # closed (or exited): free again
+    ckpt.lock_writer(folder).close()  # closed (or exited): free again
 
 
 @pytest.mark.torchrun

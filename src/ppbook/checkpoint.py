@@ -167,14 +167,14 @@ def save(root: str | Path, step: int, model: nn.Module, optimizer: torch.optim.O
 
 
 # --- one writer per folder ------------------------------------------------------------------
-def claim(root: str | Path):
-    """Claim folder ``root`` for the job that will save into it; rank 0 calls it (the rank that
+def lock_writer(root: str | Path):
+    """Lock folder ``root`` for the job that will save into it; rank 0 calls it (the rank that
     commits), before any process group exists, and keeps the returned file open for as long as
     the job saves (it is closed when the process ends).
 
     torchrun starts each rank in a session of its own, so when torchrun itself is SIGKILLed its
     ranks live on and keep committing checkpoints; a job restarted on the same folder would commit
-    between theirs. The claim is an exclusive ``fcntl.flock`` on ``root/.writer.lock``: the kernel
+    between theirs. The lock is an exclusive ``fcntl.flock`` on ``root/.writer.lock``: the kernel
     drops it when the process ends, however it dies, so a dead run never holds the folder, and a
     live one refuses the next job in one line that names its process. (A child forked without
     exec inherits the lock with the file; on a shared file system flock needs a server that
