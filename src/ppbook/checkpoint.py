@@ -26,7 +26,7 @@ What this module adds to DCP:
   into ``manifest.json``, and only then is the folder renamed to ``step-NNNNNN``. A save killed
   half-way leaves a ``.tmp-`` folder that :func:`find_resume` reports and skips; a committed
   checkpoint whose files do not match its manifest is refused in one line;
-* one writing job per folder (:func:`claim`): when torchrun itself is SIGKILLed its workers live
+* one writing job per folder (:func:`lock_writer`): when torchrun itself is SIGKILLed its workers live
   on and keep committing checkpoints; a job restarted on the same folder is refused in one line
   while they live, and free to go as soon as they are dead;
 * keeping the newest ``keep`` checkpoints, exporting one to a single ``torch.save`` file that the
