@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from ppbook import activations, simulate, timeline
 from ppbook import experiment as ex
-from ppbook.dist import gather_to_rank0
+from ppbook.dist import gather_to_rank0, pick_device, schedule_backend_problem
 from ppbook.stages import stage_module
 
 SCHEDULES = list(simulate.TORCH_SCHEDULES)  # GPipe, 1F1B, Interleaved1F1B, LoopedBFS, ...
@@ -53,7 +53,8 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
     if args.lr < 0:
         raise ValueError(f"--lr must be at least 0, got {args.lr}")
     for name in args.schedules:  # torch's own errors come mid-way, or never (a wrong placement)
-        problem = simulate.schedule_problem(name, world_size, args.microbatches, args.stages_per_rank, args.layers)
+        problem = (simulate.schedule_problem(name, world_size, args.microbatches, args.stages_per_rank, args.layers)
+                   or schedule_backend_problem(name, pick_device(0, args.device)))
         if problem:
             raise ValueError(problem)
 

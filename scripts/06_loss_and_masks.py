@@ -24,6 +24,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
+from ppbook import dist as ppdist
 from ppbook import experiment as ex
 from ppbook.models import LlamaConfig, build_model
 from ppbook.stages import stage_module
@@ -48,6 +49,7 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
                          f"and {args.seq_len}")
     if args.layers < world_size:
         raise ValueError(f"{world_size} processes need at least {world_size} layers, got --layers {args.layers}")
+    ppdist.pick_device(0, args.device)  # --device cuda with too few GPUs: one line, before any process group
 
 
 def document_mask(doc_ids: torch.Tensor) -> torch.Tensor:
@@ -94,7 +96,7 @@ def mask_demo(args, info) -> dict:
                       max_seq_len=args.seq_len)
     full = build_model(cfg, seed=args.seed, dtype=torch.float64).to(info.device)
     batch = 2 * args.microbatches
-    tokens, targets, doc_ids = (t.to(info.device) for t in packed_batch(args, cfg.vocab_size, batch))
+    tokens, targets, doc_ids = ppdist.on_device(info.device, *packed_batch(args, cfg.vocab_size, batch))
     m = args.microbatches
 
     # one process, the mask on every layer: the reference

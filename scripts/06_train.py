@@ -10,7 +10,7 @@ One process, no torchrun (a one-stage pipeline):
     python scripts/06_train.py --steps 20
 GPUs, one node with 8 GPUs (NCCL), a bigger model and batch:
     torchrun --standalone --nproc-per-node 8 scripts/06_train.py --device cuda --layers 32 --dim 1024 \\
-        --heads 16 --kv-heads 4 --vocab 8192 --seq-len 512 --batch-size 256 --microbatches 32 --schedule 1f1b
+        --heads 16 --kv-heads 4 --vocab 8192 --seq-len 512 --batch-size 64 --microbatches 32 --schedule 1f1b
 The seed's Hugging Face path (needs `pip install datasets` and a network; not run by the book):
     torchrun --standalone --nproc-per-node 4 scripts/06_train.py --dataset HuggingFaceFW/fineweb-edu \\
         --dataset-config sample-10BT --tokenizer-file tokenizer.json --vocab 128256
@@ -34,6 +34,7 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 from tqdm import tqdm
 
 from ppbook import data as ppdata
+from ppbook import dist as ppdist
 from ppbook import experiment as ex
 from ppbook.models import LlamaConfig, build_model
 from ppbook.stages import assign_layers, stage_module
@@ -88,8 +89,9 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
                                         config=args.dataset_config, text_field=args.text_field)
     else:
         args.dataset_ = ppdata.load_local(args.seq_len, args.vocab, args.data, args.tokenizer_file, args.cache_dir)
-    if len(args.dataset_.eval[0]) < args.batch_size:
-        raise ValueError(f"only {len(args.dataset_.eval[0])} held-out rows, fewer than --batch-size {args.batch_size}")
+    if len(args.dataset_.eval[0]) < args.batch_size:  # evaluation runs whole batches through the same schedule
+        raise ValueError(f"only {len(args.dataset_.eval[0])} held-out rows of --seq-len {args.seq_len}, fewer than "
+                         f"--batch-size {args.batch_size}; lower --batch-size or give more text with --data")
     ppdata.Batches(*args.dataset_.train, args.batch_size, args.seed)  # enough training rows
 
 
@@ -104,6 +106,12 @@ def optimizer_and_scheduler(params, args):
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: warmup_cosine(s, args.warmup_steps, args.steps, args.min_lr_ratio))
     return opt, sched
+
+
+def held_out_batches(dataset, args, device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The held-out batches, on the stage's device: evaluation hands them to the schedule."""
+    return [ppdist.on_device(device, *batch)  # tokens (B, T), targets (B, T)
+            for batch in ppdata.eval_batches(*dataset.eval, args.batch_size, args.eval_batches)]
 
 
 # [start-eval]
@@ -155,7 +163,7 @@ def train(args, info, dataset) -> tuple[TrainState, torch.nn.Module]:
     params = list(stage_mod.parameters())
     optimizer, scheduler = optimizer_and_scheduler(params, args)
     batches = ppdata.Batches(*dataset.train, args.batch_size, args.seed)
-    held_out = ppdata.eval_batches(*dataset.eval, args.batch_size, args.eval_batches)
+    held_out = held_out_batches(dataset, args, info.device)
     state = TrainState()
     # [end-setup]
     # [start-loop]
@@ -164,10 +172,10 @@ def train(args, info, dataset) -> tuple[TrainState, torch.nn.Module]:
     running = None
     for step in bar:
         t0 = time.perf_counter()
-        tokens, targets = batches.next()                     # (B, T) each, the same batch on every rank
+        tokens, targets = ppdist.on_device(info.device, *batches.next())  # (B, T) each, the same batch on every rank
         loss_fn.set_batch(targets)                           # how many tokens count in this batch
         optimizer.zero_grad(set_to_none=True)
-        mb_losses = ex.schedule_step(schedule, info, tokens.to(info.device), targets.to(info.device))
+        mb_losses = ex.schedule_step(schedule, info, tokens, targets)
         norm, stage_norm = clip_grad_norm_global(params, args.clip)  # comm: all-reduce of squared norms
         lr = scheduler.get_last_lr()[0]
         optimizer.step()
@@ -193,16 +201,16 @@ def train_reference(args, dataset, device) -> tuple[dict, torch.nn.Module]:
     model = build_model(llama_config(args), seed=args.seed, dtype=ex.DTYPES[args.dtype]).to(device)
     optimizer, scheduler = optimizer_and_scheduler(list(model.parameters()), args)
     batches = ppdata.Batches(*dataset.train, args.batch_size, args.seed)
-    held_out = ppdata.eval_batches(*dataset.eval, args.batch_size, args.eval_batches)
+    held_out = held_out_batches(dataset, args, device)
     loss_fn, m = TokenMeanLoss(), args.microbatches
     out = {"loss": [], "grad_norm": [], "eval": []}
     for step in range(args.steps):
-        tokens, targets = batches.next()
+        tokens, targets = ppdist.on_device(device, *batches.next())
         loss_fn.set_batch(targets)
         optimizer.zero_grad(set_to_none=True)
         mb_losses = []
         for mb_tokens, mb_targets in zip(tokens.chunk(m), targets.chunk(m)):
-            mb_losses.append(loss_fn(model(mb_tokens.to(device)), mb_targets.to(device)))
+            mb_losses.append(loss_fn(model(mb_tokens), mb_targets))
             mb_losses[-1].backward()
         out["grad_norm"].append(torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip or float("inf")).item())
         out["loss"].append(torch.stack(mb_losses).sum().item())
@@ -213,7 +221,7 @@ def train_reference(args, dataset, device) -> tuple[dict, torch.nn.Module]:
                 total, count = 0.0, 0
                 for tokens, targets in held_out:
                     n = loss_fn.set_batch(targets)
-                    total += torch.stack([loss_fn(model(t.to(device)), g.to(device))
+                    total += torch.stack([loss_fn(model(t), g)
                                           for t, g in zip(tokens.chunk(m), targets.chunk(m))]).sum().item() * n
                     count += n
                 out["eval"].append(total / count)

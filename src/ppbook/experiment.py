@@ -139,7 +139,7 @@ def make_batch(args: argparse.Namespace, step: int, device: torch.device | str =
     """Random token ids and next-token targets, the same on every rank for a given step."""
     g = torch.Generator().manual_seed(args.seed * 10_000 + step)
     seq = torch.randint(0, args.vocab, (args.batch_size, args.seq_len + 1), generator=g)
-    return seq[:, :-1].to(device), seq[:, 1:].to(device)  # tokens (B, T), targets (B, T)
+    return seq[:, :-1].contiguous().to(device), seq[:, 1:].contiguous().to(device)  # tokens (B, T), targets (B, T)
 
 
 def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
