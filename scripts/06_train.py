@@ -8,6 +8,9 @@ CPU, three stages, 1F1B, checked against the same model trained in one process:
     torchrun --standalone --nproc-per-node 3 scripts/06_train.py --schedule 1f1b --steps 5 --check
 One process, no torchrun (a one-stage pipeline):
     python scripts/06_train.py --steps 20
+Mixed precision (float32 weights and AdamW state, bfloat16 compute), checked against one process
+under the same precision:
+    torchrun --standalone --nproc-per-node 2 scripts/06_train.py --dtype bfloat16 --steps 5 --check
 GPUs, one node with 8 GPUs (NCCL), a bigger model and batch:
     torchrun --standalone --nproc-per-node 8 scripts/06_train.py --device cuda --layers 32 --dim 1024 \\
         --heads 16 --kv-heads 4 --vocab 8192 --seq-len 512 --batch-size 64 --microbatches 32 --schedule 1f1b
@@ -18,6 +21,10 @@ The seed's Hugging Face path (needs `pip install datasets` and a network; not ru
 Every rank loads the same data and builds the full model from ``--seed``, then keeps its stage.
 The last stage shows a progress bar with the running loss; ``--json`` writes every step's loss,
 learning rate and gradient norms (global and per stage) and every evaluation.
+``--check`` accepts differences up to ``ppbook.precision.tolerance(dtype)``: 1e-5 in float32; 2e-2
+under bfloat16, a few rounding units of bfloat16 (2^-8), because pipeline and reference do the same
+operations but a GPU library may pick another kernel (another rounding) for another shape; on a CPU
+they agree to the last bit.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from tqdm import tqdm
 from ppbook import data as ppdata
 from ppbook import dist as ppdist
 from ppbook import experiment as ex
+from ppbook import precision
 from ppbook.models import LlamaConfig, build_model
 from ppbook.stages import assign_layers, stage_module
 from ppbook.training import TokenMeanLoss, TrainState, clip_grad_norm_global, warmup_cosine
@@ -47,6 +55,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ex.add_common_args(p, batch_size=16, seq_len=64, layers=4, dim=64)
     p.set_defaults(vocab=512)
+    precision.allow_mixed(p)  # --dtype bfloat16: float32 master weights, bfloat16 compute
     p.add_argument("--kv-heads", type=int, default=2, help="key/value heads (grouped-query attention)")
     p.add_argument("--schedule", choices=sorted(SCHEDULES), default="gpipe")
     p.add_argument("--steps", type=int, default=40, help="optimizer steps")
@@ -140,10 +149,11 @@ def evaluate(schedule, stage_mod, info, batches, loss_fn, args) -> float | None:
     for tokens, targets in batches:
         n = loss_fn.set_batch(targets)  # this batch's scored tokens
         if args.eval_impl == "schedule":
-            with torch.no_grad():
+            with torch.no_grad(), precision.autocast(info.device, args.dtype):
                 losses = ex.schedule_step(schedule, info, tokens, targets, forward_only=True)
         else:
-            losses = forward_only_by_hand(stage_mod, info, tokens, targets, args.microbatches, loss_fn)
+            with precision.autocast(info.device, args.dtype):
+                losses = forward_only_by_hand(stage_mod, info, tokens, targets, args.microbatches, loss_fn)
         if info.is_last:
             total += torch.stack(losses).sum().item() * n
             count += n
@@ -154,7 +164,7 @@ def evaluate(schedule, stage_mod, info, batches, loss_fn, args) -> float | None:
 def train(args, info, dataset) -> tuple[TrainState, torch.nn.Module]:
     """The pipelined run. Returns the loop's state (metrics included) and this rank's stage."""
     # [start-setup]
-    full = build_model(llama_config(args), seed=args.seed, dtype=ex.DTYPES[args.dtype])  # same on every rank
+    full = build_model(llama_config(args), seed=args.seed, dtype=precision.param_dtype(args.dtype))  # same on every rank
     stage_mod = stage_module(full, info.rank, info.world_size).to(info.device)
     stage = PipelineStage(stage_mod, stage_index=info.rank, num_stages=info.world_size, device=info.device)
     loss_fn = TokenMeanLoss()
@@ -175,7 +185,8 @@ def train(args, info, dataset) -> tuple[TrainState, torch.nn.Module]:
         tokens, targets = ppdist.on_device(info.device, *batches.next())  # (B, T) each, the same batch on every rank
         loss_fn.set_batch(targets)                           # how many tokens count in this batch
         optimizer.zero_grad(set_to_none=True)
-        mb_losses = ex.schedule_step(schedule, info, tokens, targets)
+        with precision.autocast(info.device, args.dtype):    # bfloat16 compute, float32 weights
+            mb_losses = ex.schedule_step(schedule, info, tokens, targets)
         norm, stage_norm = clip_grad_norm_global(params, args.clip)  # comm: all-reduce of squared norms
         lr = scheduler.get_last_lr()[0]
         optimizer.step()
@@ -198,7 +209,7 @@ def train(args, info, dataset) -> tuple[TrainState, torch.nn.Module]:
 def train_reference(args, dataset, device) -> tuple[dict, torch.nn.Module]:
     """The same model trained in one process: same seed, same batches in the same order, the same
     microbatches, the same loss, ``clip_grad_norm_`` and optimizer."""
-    model = build_model(llama_config(args), seed=args.seed, dtype=ex.DTYPES[args.dtype]).to(device)
+    model = build_model(llama_config(args), seed=args.seed, dtype=precision.param_dtype(args.dtype)).to(device)
     optimizer, scheduler = optimizer_and_scheduler(list(model.parameters()), args)
     batches = ppdata.Batches(*dataset.train, args.batch_size, args.seed)
     held_out = held_out_batches(dataset, args, device)
@@ -210,14 +221,15 @@ def train_reference(args, dataset, device) -> tuple[dict, torch.nn.Module]:
         optimizer.zero_grad(set_to_none=True)
         mb_losses = []
         for mb_tokens, mb_targets in zip(tokens.chunk(m), targets.chunk(m)):
-            mb_losses.append(loss_fn(model(mb_tokens), mb_targets))
+            with precision.autocast(device, args.dtype):
+                mb_losses.append(loss_fn(model(mb_tokens), mb_targets))
             mb_losses[-1].backward()
         out["grad_norm"].append(torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip or float("inf")).item())
         out["loss"].append(torch.stack(mb_losses).sum().item())
         optimizer.step()
         scheduler.step()
         if (args.eval_every and (step + 1) % args.eval_every == 0) or step + 1 == args.steps:
-            with torch.no_grad():
+            with torch.no_grad(), precision.autocast(device, args.dtype):
                 total, count = 0.0, 0
                 for tokens, targets in held_out:
                     n = loss_fn.set_batch(targets)
@@ -260,7 +272,7 @@ def body(args: argparse.Namespace, info) -> int:
           f"{out['eval'][-1]['loss']:.3f} (step {out['eval'][-1]['step']})")
     ok = True
     if args.check:
-        tol = ex.tolerance(args.dtype)
+        tol = precision.tolerance(args.dtype)
         losses = [r["loss"] for r in out["train"]]
         diffs = {"loss": max(abs(a - b) for a, b in zip(losses, ref["loss"])),
                  "grad_norm": max(abs(r["grad_norm"] - b) / b for r, b in zip(out["train"], ref["grad_norm"])),

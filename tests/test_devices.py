@@ -239,3 +239,29 @@ def test_a_command_that_cannot_run_is_caught(monkeypatch):
     with pytest.raises(ValueError, match="found 1 GPU"):
         fake_gpus(monkeypatch, 1, nproc)
         mod.validate(mod.parse_args(argv), world)
+
+
+# --- mixed precision -----------------------------------------------------------------------------------
+@pytest.mark.torchrun
+def test_06_train_bfloat16_at_two_processes_matches_one_process():
+    from ppbook import launch, precision
+
+    r = launch.torchrun("06_train.py", ["--dtype", "bfloat16", "--steps", "2", "--eval-batches", "1", "--check",
+                                        "--device", "cpu"], nproc=2, timeout=300)
+    assert r.data["match"] and r.data["dtype"] == "bfloat16", r.data
+    assert r.data["tolerance"] == precision.tolerance("bfloat16")
+    assert max(r.data["diffs"].values()) <= r.data["tolerance"]
+
+
+def test_bfloat16_keeps_float32_master_weights():
+    from ppbook import precision
+
+    mod = load_script("06_train.py")
+    args = mod.parse_args(["--dtype", "bfloat16"])
+    assert precision.param_dtype(args.dtype) == torch.float32
+    model = torch.nn.Linear(4, 4)
+    with precision.autocast(torch.device("cpu"), args.dtype):
+        assert model(torch.ones(2, 4)).dtype == torch.bfloat16  # compute in bfloat16
+    assert model.weight.dtype == torch.float32
+    with pytest.raises(SystemExit):
+        mod.parse_args(["--dtype", "float16"])  # not offered: no gradient scaler across stages
