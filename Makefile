@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: book book-cached test test-fast bench bench-schedules browser-deps clean
+.PHONY: book book-cached test test-fast bench bench-schedules gpu-check browser-deps clean
 
 $(STAMP): requirements.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] >= (3, 10) else "ppbook needs Python >= 3.10 (3.11 recommended), found " + sys.version.split()[0])'
@@ -46,6 +46,12 @@ bench: $(STAMP)
 # The seven schedules of chapter 5: measured step time vs the simulator's prediction (target 10%).
 bench-schedules: $(STAMP)
 	$(BIN)/python tools/bench_schedules.py
+
+# On a machine with GPUs: every script with --check on the GPUs present (one process per GPU) and a
+# bf16 throughput benchmark of 06_train on one GPU; one JSON per run in data/gpu/, non-zero exit on
+# any failure (and on a machine without a GPU).
+gpu-check: $(STAMP)
+	$(BIN)/python tools/gpu_check.py
 
 clean:
 	rm -rf _build
