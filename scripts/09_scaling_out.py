@@ -37,7 +37,10 @@ from tqdm import tqdm
 
 from ppbook import dist as ppdist
 from ppbook import experiment as ex
+from ppbook import fsdp_probe
 from ppbook.stages import stage_module
+
+WRAPS = ("blocks", "blocks-keep", "stage")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -49,6 +52,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--replicate", choices=["fsdp", "ddp"], default="fsdp",
                    help="how a stage is replicated over --dp; ddp shows torch 2.13's failure (chapter 9)")
+    p.add_argument("--fsdp-wrap", choices=WRAPS, default="blocks",
+                   help="blocks: fully_shard each block, then the stage; blocks-keep: the same without resharding "
+                        "after forward; stage: one fully_shard around the whole stage")
+    p.add_argument("--probe-wraps", nargs="+", choices=WRAPS, default=[],
+                   help="after training, one step per wrapping on fresh stages: all-gathers and unsharded bytes")
     p.add_argument("--ray-workers", type=int, default=0,
                    help="run under Ray Train's TorchTrainer with this many workers instead of torchrun")
     p.add_argument("--ray-address", default=None,
@@ -84,6 +92,18 @@ def digest(weights: dict[str, torch.Tensor]) -> str:
     return h.hexdigest()[:16]
 
 
+# [start-shard]
+def shard_stage(stage_mod, dp_mesh, wrap: str = "blocks") -> None:
+    """FSDP2 over the replicas of this stage, wrapped as torchtitan wraps a model: each block its own
+    group, gathered just before it runs and freed after its forward (unless ``blocks-keep``), then
+    the stage, whose group holds the rest (embedding, norm, head) and stays gathered through the step."""
+    if wrap != "stage":
+        for block in stage_mod.layers.values():
+            fully_shard(block, mesh=dp_mesh, reshard_after_forward=wrap == "blocks")
+    fully_shard(stage_mod, mesh=dp_mesh)
+# [end-shard]
+
+
 # [start-mesh]
 def build_replicated_stage(args, info):
     """This rank's pipeline stage, replicated over its data-parallel group."""
@@ -95,7 +115,7 @@ def build_replicated_stage(args, info):
     # reduce-scatters (averages) their gradients after the last microbatch's backward
     wrapped = stage_mod
     if args.dp > 1 and args.replicate == "fsdp":
-        fully_shard(stage_mod, mesh=mesh["dp"])  # in place: stage_mod's parameters become shards
+        shard_stage(stage_mod, mesh["dp"], args.fsdp_wrap)  # in place: stage_mod's parameters become shards
     elif args.dp > 1:  # what fails in torch 2.13 (chapter 9)
         wrapped = DDP(stage_mod, process_group=mesh.get_group("dp"))
     stage = PipelineStage(wrapped, stage_index=pp_rank, num_stages=pp, device=info.device,
@@ -125,7 +145,37 @@ def train(args: argparse.Namespace, info: ppdist.DistInfo) -> dict | None:
         dist.all_reduce(loss)  # comm: the last stages' losses (the others add zero)
         losses.append(loss.item() / args.dp)
     # [end-train]
-    return report(args, info, stage_mod, losses, dp_rank, pp_rank, time.perf_counter() - t0)
+    seconds = time.perf_counter() - t0
+    probes = measure_wraps(args, info, mesh, args.probe_wraps) if args.probe_wraps and args.dp > 1 else None
+    result = report(args, info, stage_mod, losses, dp_rank, pp_rank, seconds)
+    if result is not None:
+        result["fsdp_probe"] = probes
+    return result
+
+
+def measure_wraps(args, info, mesh, wraps) -> list[dict] | None:
+    """Two GPipe steps per FSDP wrapping, on fresh copies of this rank's stage, the second under
+    :func:`ppbook.fsdp_probe.probe`: every rank's all-gathers and parameter bytes held unsharded."""
+    pp = info.world_size // args.dp
+    dp_rank, pp_rank = mesh.get_local_rank("dp"), mesh.get_local_rank("pp")
+    tokens, targets = ex.make_batch(args, 0, info.device)
+    mine = tokens.chunk(args.dp)[dp_rank], targets.chunk(args.dp)[dp_rank]  # (B/dp, T) each
+    rows = []
+    for wrap in wraps:
+        stage_mod = stage_module(ex.full_model(args, info.device), pp_rank, pp)
+        full_bytes = sum(p.numel() * p.element_size() for p in stage_mod.parameters())
+        shard_stage(stage_mod, mesh["dp"], wrap)
+        stage = PipelineStage(stage_mod, stage_index=pp_rank, num_stages=pp, device=info.device,
+                              group=mesh.get_group("pp"))
+        schedule = ScheduleGPipe(stage, n_microbatches=args.microbatches, loss_fn=ex.loss_fn)
+        where = types.SimpleNamespace(is_first=stage.is_first, is_last=stage.is_last)
+        ex.schedule_step(schedule, where, *mine)  # the first step also infers shapes (one more gather)
+        with fsdp_probe.probe() as stats:         # a steady step
+            ex.schedule_step(schedule, where, *mine)
+        rows.append({"wrap": wrap, "rank": info.rank, "pp_rank": pp_rank, "stage_param_bytes": full_bytes,
+                     **stats.to_json()})
+    everyone = ppdist.gather_to_rank0(rows)
+    return None if everyone is None else [row for rank_rows in everyone for row in rank_rows]
 
 
 def report(args, info, stage_mod, losses, dp_rank, pp_rank, seconds) -> dict | None:
