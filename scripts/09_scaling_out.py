@@ -37,7 +37,7 @@ from tqdm import tqdm
 
 from ppbook import dist as ppdist
 from ppbook import experiment as ex
-from ppbook import fsdp_probe
+from ppbook import fsdp_probe, precision
 from ppbook.stages import stage_module
 
 WRAPS = ("blocks", "blocks-keep", "stage")
@@ -47,6 +47,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ex.add_common_args(p, microbatches=2, microbatches_help="microbatches per replica's pipeline",
                        batch_size=16)
+    precision.allow_mixed(p)  # --dtype bfloat16: float32 master weights and optimizer state, bfloat16 compute
     p.add_argument("--dp", type=int, default=2, help="data-parallel replicas; pipeline stages = world size / dp")
     p.add_argument("--steps", type=int, default=3, help="optimizer steps (AdamW)")
     p.add_argument("--lr", type=float, default=1e-3)
@@ -110,7 +111,7 @@ def build_replicated_stage(args, info):
     pp = info.world_size // args.dp
     mesh = init_device_mesh(info.device.type, (args.dp, pp), mesh_dim_names=("dp", "pp"))
     dp_rank, pp_rank = mesh.get_local_rank("dp"), mesh.get_local_rank("pp")  # row, column of the mesh
-    stage_mod = stage_module(ex.full_model(args, info.device), pp_rank, pp)  # same seed on every rank
+    stage_mod = stage_module(ex.full_model(precision.master(args), info.device), pp_rank, pp)  # same seed on every rank
     # FSDP2 shards this stage over the replicas holding the same stage (a mesh column) and
     # reduce-scatters (averages) their gradients after the last microbatch's backward
     wrapped = stage_mod
@@ -138,7 +139,8 @@ def train(args: argparse.Namespace, info: ppdist.DistInfo) -> dict | None:
         tokens, targets = ex.make_batch(args, step, info.device)  # combined batch (B, T), every rank
         mine = tokens.chunk(args.dp)[dp_rank], targets.chunk(args.dp)[dp_rank]  # (B/dp, T) each
         opt.zero_grad()
-        mb_losses = ex.schedule_step(schedule, where, *mine)  # FSDP reduces after the last backward
+        with precision.autocast(info.device, args.dtype):  # a no-op unless --dtype bfloat16
+            mb_losses = ex.schedule_step(schedule, where, *mine)  # FSDP reduces after the last backward
         opt.step()
         loss = torch.tensor([ex.mean_loss(mb_losses) if mb_losses else 0.0], dtype=torch.float64,
                             device=info.device)  # NCCL reduces only GPU tensors
@@ -162,7 +164,7 @@ def measure_wraps(args, info, mesh, wraps) -> list[dict] | None:
     mine = tokens.chunk(args.dp)[dp_rank], targets.chunk(args.dp)[dp_rank]  # (B/dp, T) each
     rows = []
     for wrap in wraps:
-        stage_mod = stage_module(ex.full_model(args, info.device), pp_rank, pp)
+        stage_mod = stage_module(ex.full_model(precision.master(args), info.device), pp_rank, pp)
         full_bytes = sum(p.numel() * p.element_size() for p in stage_mod.parameters())
         shard_stage(stage_mod, mesh["dp"], wrap)
         stage = PipelineStage(stage_mod, stage_index=pp_rank, num_stages=pp, device=info.device,
@@ -187,16 +189,17 @@ def report(args, info, stage_mod, losses, dp_rank, pp_rank, seconds) -> dict | N
     if info.rank != 0:
         return None
     # the reference: the full model, the combined batch cut into dp x m microbatches, in order
-    reference = ex.full_model(args, torch.device("cpu"))
+    reference = ex.full_model(precision.master(args), torch.device("cpu"))
     ref_args = argparse.Namespace(**{**vars(args), "microbatches": args.dp * args.microbatches})
-    ref_losses = ex.train_reference(reference, ref_args, "cpu")
+    with precision.autocast(torch.device("cpu"), args.dtype, cache=False):  # around several steps: no cache
+        ref_losses = ex.train_reference(reference, ref_args, "cpu")
     ref = dict(reference.named_parameters())
     for r in everyone:
         r["max_weight_diff"] = max((w - ref[n].detach()).abs().max().item() for n, w in r.pop("weights").items())
     replicas_equal = all(len({r["digest"] for r in everyone if r["pp_rank"] == s}) == 1
                          for s in {r["pp_rank"] for r in everyone})
     loss_diff = max(abs(a - b) for a, b in zip(losses, ref_losses))
-    tol = ex.tolerance(args.dtype)
+    tol = precision.tolerance(args.dtype)
     ok = replicas_equal and loss_diff <= tol and all(r["max_weight_diff"] <= tol for r in everyone)
     return {"world_size": info.world_size, "dp": args.dp, "pp": info.world_size // args.dp,
             "microbatches": args.microbatches, "batch_size": args.batch_size, "dtype": args.dtype,

@@ -253,6 +253,36 @@ def test_06_train_bfloat16_at_two_processes_matches_one_process():
     assert max(r.data["diffs"].values()) <= r.data["tolerance"]
 
 
+@pytest.mark.torchrun
+@pytest.mark.parametrize("script,nproc,extra", [("01_first_pipeline.py", 2, []), ("08_beyond_chain.py", 2, []),
+                                               ("09_scaling_out.py", 4, ["--dp", "2", "--steps", "2"])])
+def test_bfloat16_pipelines_match_one_process(script, nproc, extra):
+    from ppbook import launch
+
+    r = launch.torchrun(script, ["--dtype", "bfloat16", "--check", "--device", "cpu", *extra], nproc=nproc, timeout=400)
+    assert r.data["dtype"] == "bfloat16" and r.data.get("match", True), r.data
+
+
+def test_autocast_cache_must_not_span_optimizer_steps():
+    """Why the references enter autocast per step or without its cache: a cached bfloat16 copy of a
+    weight outlives the optimizer step that changed the weight."""
+    from ppbook import precision
+
+    model = torch.nn.Linear(4, 4)
+    x = torch.ones(1, 4)
+    outs = {}
+    for cache in (True, False):
+        with torch.no_grad():
+            model.weight.fill_(1.0)
+        with precision.autocast(torch.device("cpu"), "bfloat16", cache=cache):
+            model(x).sum().backward()  # caches the bfloat16 weight when cache=True
+            with torch.no_grad():
+                model.weight.fill_(2.0)  # "the optimizer step"
+            outs[cache] = model(x)
+    assert not torch.equal(outs[True], outs[False])
+    assert torch.equal(outs[False], torch.full((1, 4), 8.0, dtype=torch.bfloat16) + model.bias.to(torch.bfloat16))
+
+
 def test_bfloat16_keeps_float32_master_weights():
     from ppbook import precision
 

@@ -40,11 +40,23 @@ def param_dtype(name: str) -> torch.dtype:
     return PARAM_DTYPES[name]
 
 
-def autocast(device: torch.device, name: str):
-    """The region in which forward passes compute in ``name`` (no-op for float32/float64)."""
+def master(args: argparse.Namespace) -> argparse.Namespace:
+    """``args`` with ``dtype`` naming the parameters' dtype (float32 under bfloat16), for helpers that
+    build the model from ``args.dtype`` (``experiment.full_model``)."""
+    return argparse.Namespace(**{**vars(args), "dtype": next(k for k in ("float32", "float64")
+                                                              if PARAM_DTYPES[k] == param_dtype(args.dtype))})
+
+
+def autocast(device: torch.device, name: str, cache: bool = True):
+    """The region in which forward passes compute in ``name`` (no-op for float32/float64).
+
+    Autocast caches the bfloat16 copy of each weight until the outermost region exits, so a region
+    must not span an optimizer step: enter it once per step, or pass ``cache=False`` for a region
+    around several steps (``experiment.train_reference``), else later steps compute with the
+    weights of the first."""
     if name not in AUTOCAST:
         return contextlib.nullcontext()
-    return torch.autocast(device_type=torch.device(device).type, dtype=AUTOCAST[name])
+    return torch.autocast(device_type=torch.device(device).type, dtype=AUTOCAST[name], cache_enabled=cache)
 
 
 def tolerance(name: str) -> float:
