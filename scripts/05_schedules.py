@@ -27,6 +27,7 @@ from tqdm import tqdm
 
 from ppbook import activations, simulate, timeline
 from ppbook import experiment as ex
+from ppbook import precision
 from ppbook.dist import gather_to_rank0, pick_device, schedule_backend_problem
 from ppbook.stages import stage_module
 
@@ -38,6 +39,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     # 8 layers: room for 2 stages per rank on 4 processes; 8 microbatches: every schedule runs at p = 2 and 4
     ex.add_common_args(p, microbatches=8, batch_size=32, seq_len=64, layers=8, dim=128)
     ex.add_timing_args(p, steps=3)
+    precision.allow_mixed(p)  # --dtype bfloat16: float32 master weights, bfloat16 compute
     p.add_argument("--schedules", nargs="+", choices=SCHEDULES + ["all"], default=["all"],
                    help="which schedule classes to run, one after another in this launch")
     p.add_argument("--stages-per-rank", type=int, default=2, help="v, for the looped schedules")
@@ -87,7 +89,9 @@ def train_reference(full, args, n_steps: int) -> tuple:
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
     for i in range(n_steps):
         opt.zero_grad(set_to_none=True)
-        loss = ex.reference_backward(model, *ex.make_batch(args, i, next(model.parameters()).device), args.microbatches)
+        device = next(model.parameters()).device
+        with precision.autocast(device, args.dtype):  # one region per step: autocast caches cast weights
+            loss = ex.reference_backward(model, *ex.make_batch(args, i, device), args.microbatches)
         opt.step()
     return model, loss
 
@@ -102,7 +106,8 @@ def run_schedule(name, full, reference, ref_loss, args, info) -> dict | None:
     def step():
         opt.zero_grad(set_to_none=True)
         tokens, targets = ex.make_batch(args, len(losses), info.device)  # (B, T) each, a new batch each step
-        losses.append(ex.schedule_step(schedule, info, tokens, targets, **holds))
+        with precision.autocast(info.device, args.dtype):  # a no-op unless --dtype bfloat16
+            losses.append(ex.schedule_step(schedule, info, tokens, targets, **holds))
         opt.step()
 
     records = ex.timed_steps(step, rec, args.warmup, args.steps, info.device)
@@ -125,7 +130,7 @@ def run_schedule(name, full, reference, ref_loss, args, info) -> dict | None:
     memory = [e for r in rows for e in activations.from_json(r[1])]
     t0 = min(e.start for e in events)
     pipeline_loss = next(c["loss"] for c in check if c["loss"] is not None)
-    tol = ex.tolerance(args.dtype)
+    tol = precision.tolerance(args.dtype)
     ok = abs(pipeline_loss - ref_loss) <= tol and all(max(c["max_grad_diff"], c["max_weight_diff"]) <= tol for c in check)
     return {"schedule": name, "num_stages": num_stages, "placement": {c["rank"]: c["stages"] for c in check},
             "match": ok, "loss": pipeline_loss, "reference_loss": ref_loss,
@@ -144,7 +149,7 @@ def run_schedule(name, full, reference, ref_loss, args, info) -> dict | None:
 
 
 def body(args: argparse.Namespace, info) -> int:
-    full = ex.full_model(args, info.device)  # identical on every rank
+    full = ex.full_model(precision.master(args), info.device)  # identical on every rank
     # every schedule trains from the same weights for warmup + timed steps + the probed step
     reference, ref_loss = train_reference(full, args, args.warmup + args.steps + 1)
     runs = [run_schedule(name, full, reference, ref_loss, args, info)

@@ -13,7 +13,8 @@ under the same precision:
     torchrun --standalone --nproc-per-node 2 scripts/06_train.py --dtype bfloat16 --steps 5 --check
 GPUs, one node with 8 GPUs (NCCL), a bigger model and batch:
     torchrun --standalone --nproc-per-node 8 scripts/06_train.py --device cuda --layers 32 --dim 1024 \\
-        --heads 16 --kv-heads 4 --vocab 8192 --seq-len 512 --batch-size 64 --microbatches 32 --schedule 1f1b
+        --heads 16 --kv-heads 4 --vocab 8192 --seq-len 512 --batch-size 64 --microbatches 32 --schedule 1f1b \\
+        --dtype bfloat16
 The seed's Hugging Face path (needs `pip install datasets` and a network; not run by the book):
     torchrun --standalone --nproc-per-node 4 scripts/06_train.py --dataset HuggingFaceFW/fineweb-edu \\
         --dataset-config sample-10BT --tokenizer-file tokenizer.json --vocab 128256
