@@ -84,3 +84,10 @@ def test_a_failing_script_fails_the_run(gpu_check, tmp_path, monkeypatch):
     run = record["runs"][0]
     assert not record["passed"] and run["status"] == "failed" and run["returncode"] != 0
     assert "not divisible by --microbatches 4" in run["output_tail"]
+
+
+def test_benchmark_shape_validates_with_the_shipped_data(gpu_check):
+    mod = launch.load_script("06_train.py")
+    args = mod.parse_args([*gpu_check.BENCH_1B, "--dtype", "bfloat16", "--eval-batches", "1"])
+    mod.validate(args, 1)  # enough training and held-out rows of 2048 tokens for a batch of 8
+    assert args.batch_size * args.seq_len == 8 * 2048
