@@ -257,7 +257,8 @@ def test_06_train_bfloat16_at_two_processes_matches_one_process():
 @pytest.mark.parametrize("script,nproc,extra", [("01_first_pipeline.py", 2, []), ("08_beyond_chain.py", 2, []),
                                                ("09_scaling_out.py", 4, ["--dp", "2", "--steps", "2"]),
                                                ("05_schedules.py", 2, ["--schedules", "1F1B", "ZBVZeroBubble", "--steps",
-                                                                       "1", "--warmup", "0", "--dim", "32"])])
+                                                                       "1", "--warmup", "0", "--dim", "32"]),
+                                               ("07_checkpointing.py", 2, ["--steps", "2"])])
 def test_bfloat16_pipelines_match_one_process(script, nproc, extra):
     from ppbook import launch
 
