@@ -258,7 +258,8 @@ def test_06_train_bfloat16_at_two_processes_matches_one_process():
                                                ("09_scaling_out.py", 4, ["--dp", "2", "--steps", "2"]),
                                                ("05_schedules.py", 2, ["--schedules", "1F1B", "ZBVZeroBubble", "--steps",
                                                                        "1", "--warmup", "0", "--dim", "32"]),
-                                               ("07_checkpointing.py", 2, ["--steps", "2"])])
+                                               ("07_checkpointing.py", 2, ["--steps", "2"]),
+                                               ("a1_migrate.py", 2, ["--checkpoint", "always"])])
 def test_bfloat16_pipelines_match_one_process(script, nproc, extra):
     from ppbook import launch
 
