@@ -17,10 +17,12 @@ Modules, in the order the book introduces them:
 * :mod:`ppbook.activations` -- activation memory held per stage and microbatch over time (chapter 5)
 * :mod:`ppbook.data`    -- the shipped corpus, its locally trained tokenizer, batches (chapter 6)
 * :mod:`ppbook.training` -- token-mean loss, global-norm clipping, warmup + cosine (chapter 6)
+* :mod:`ppbook.precision` -- --dtype bfloat16: float32 master weights, autocast compute (chapter 6)
 * :mod:`ppbook.checkpoint` -- distributed checkpoints: save, resume, reshard, export (chapter 7)
 * :mod:`ppbook.skip`    -- a model with a skip connection across stages, tied embeddings (chapter 8)
 * :mod:`ppbook.nodes`   -- several torchrun "nodes" on one machine; where mesh ranks land (chapter 9)
 * :mod:`ppbook.traffic` -- bytes per step crossing the network for PP, DP and FSDP (chapter 9)
+* :mod:`ppbook.fsdp_probe` -- FSDP2's all-gathers and gathered bytes during a pipeline step (chapter 9)
 * :mod:`ppbook.errors`  -- finding the rank that failed in torchrun's output (appendix C)
 """
 
