@@ -14,7 +14,7 @@ TORCH_PIN := $(shell grep -m1 '^torch==' requirements-reader.txt)
 
 NOTEBOOKS_BRANCH := $(shell sed -n 's/^ *ppbook_notebooks_branch: *\([^ #]*\).*/\1/p' _config.yml)
 
-.PHONY: book book-cached notebooks publish-notebooks pdf test test-fast test-scripts bench bench-schedules bench-plan browser-deps clean
+.PHONY: book book-cached notebooks publish-notebooks pdf test test-fast test-scripts bench bench-schedules bench-plan gpu-check browser-deps clean
 
 $(STAMP): requirements.txt requirements-reader.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] >= (3, 10) else "ppbook needs Python >= 3.10 (3.11 recommended), found " + sys.version.split()[0])'
@@ -77,6 +77,12 @@ bench-schedules: $(STAMP)
 # against measured step times at two model widths (target 10%).
 bench-plan: $(STAMP)
 	$(BIN)/python tools/bench_plan.py
+
+# On a machine with GPUs: every script with --check on the GPUs present (one process per GPU) and a
+# bf16 throughput benchmark of 06_train on one GPU; one JSON per run in data/gpu/, non-zero exit on
+# any failure (and on a machine without a GPU).
+gpu-check: $(STAMP)
+	$(BIN)/python tools/gpu_check.py
 
 clean:
 	rm -rf _build

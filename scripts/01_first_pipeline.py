@@ -26,12 +26,13 @@ import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
 from ppbook import cli, driver, workload
+from ppbook import precision
 from ppbook.stages import assign_layers, stage_module
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    cli.add_common_args(p)
+    cli.add_common_args(p, mixed_precision=True)
     p.add_argument("--steps", type=int, default=3, help="optimizer steps (AdamW)")
     p.add_argument("--lr", type=float, default=1e-3)
     return p.parse_args(argv)
@@ -48,7 +49,8 @@ def train_pipeline(stage_mod, args, info) -> tuple[list[float], list[float]]:
         tokens, targets = workload.make_batch(args, step, info.device)
         opt.zero_grad()
         t0 = time.perf_counter()
-        mb_losses = driver.schedule_step(schedule, info, tokens, targets)  # input on stage 0, targets on the last
+        with precision.autocast(info.device, args.dtype):  # a no-op unless --dtype bfloat16
+            mb_losses = driver.schedule_step(schedule, info, tokens, targets)  # input on stage 0, targets on the last
         opt.step()
         seconds.append(time.perf_counter() - t0)
         losses.append(workload.mean_loss(mb_losses) if mb_losses else float("nan"))
@@ -59,7 +61,8 @@ def train_pipeline(stage_mod, args, info) -> tuple[list[float], list[float]]:
 def body(args: argparse.Namespace, info) -> int:
     full = workload.full_model(args, info.device)  # identical on every rank
     reference = copy.deepcopy(full)
-    ref_losses = workload.adamw_reference_losses(reference, args, info.device)
+    with precision.autocast(info.device, args.dtype, cache=False):  # around several steps: no cache
+        ref_losses = workload.adamw_reference_losses(reference, args, info.device)
 
     stage_mod = stage_module(full, info.rank, info.world_size)
     losses, seconds = train_pipeline(stage_mod, args, info)
@@ -69,7 +72,7 @@ def body(args: argparse.Namespace, info) -> int:
     dist.all_gather_object(everyone, mine)
     pipe_losses = everyone[-1]["losses"]  # the last stage computed them
     loss_diff = max(abs(a - b) for a, b in zip(pipe_losses, ref_losses))
-    tol = workload.tolerance(args.dtype)
+    tol = precision.tolerance(args.dtype)
     ok = loss_diff <= tol and all(r["max_grad_diff"] <= tol and r["max_weight_diff"] <= tol for r in everyone)
     if info.rank == 0:
         layers = assign_layers(args.layers, info.world_size)

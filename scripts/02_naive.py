@@ -21,7 +21,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from ppbook import cli, measure, workload
+from ppbook import cli, measure, precision, workload
 from ppbook.stages import stage_module
 from ppbook.timeline import Recorder
 
@@ -92,7 +92,7 @@ def body(args: argparse.Namespace, info) -> int:
     check = [None] * info.world_size
     loss = losses[-1].item() if info.is_last else None
     dist.all_gather_object(check, {"rank": info.rank, "loss": loss, **workload.compare(stage_mod, reference)})
-    tol = workload.tolerance(args.dtype)
+    tol = precision.tolerance(args.dtype)
     ok = abs(check[-1]["loss"] - ref_loss) <= tol and all(c["max_grad_diff"] <= tol for c in check)
     if info.rank == 0:
         summary = measure.summarise_steps(records)

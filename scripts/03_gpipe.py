@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
-from ppbook import cli, driver, measure, workload
+from ppbook import cli, driver, measure, precision, workload
 from ppbook.stages import stage_module
 from ppbook.timeline import Recorder
 
@@ -113,7 +113,7 @@ def run_configs(m, full, reference, tokens, targets, args, info) -> list[dict] |
         for impl, (_, rec, step, _) in runners.items():
             records[impl] += measure.timed_steps(step, rec, int(warm), int(not warm), info.device) or []
     out = []
-    tol = workload.tolerance(args.dtype)
+    tol = precision.tolerance(args.dtype)
     for impl, (stage_mod, _, _, losses) in runners.items():
         loss = workload.mean_loss(losses[-1]) if info.is_last else None
         check = [None] * info.world_size

@@ -25,7 +25,7 @@ import torch.nn as nn
 from torch.distributed.pipelining import PipelineStage, ScheduleGPipe, SplitPoint, pipeline
 from tqdm import tqdm
 
-from ppbook import cli, driver, measure, workload
+from ppbook import cli, driver, measure, precision, workload
 from ppbook import split
 from ppbook.dist import gather_to_rank0
 from ppbook.models import GPTConfig, LlamaConfig, build_model
@@ -80,7 +80,7 @@ def config(kind: str, args, vocab=None, dim=None, layers=None) -> GPTConfig | Ll
 def manual_stage(cfg, args, info) -> nn.Module:
     """This rank's stage, built on the meta device: only its own parameters ever get memory."""
     return split.build_stage_on_meta(cfg, args.seed, info.rank, info.world_size,
-                                     dtype=workload.DTYPES[args.dtype], device=info.device)
+                                     dtype=precision.param_dtype(args.dtype), device=info.device)
 # [end-manual]
 
 
@@ -105,7 +105,7 @@ def run_pipeline(stage, stage_mod, tokens, targets, m, info, rec=None) -> list[t
 def check(kind: str, method: str, args, info, tokens, targets) -> dict | None:
     """One split of one model, one GPipe step, compared with one process by parameter name."""
     cfg, m = config(kind, args), args.microbatches
-    full = build_model(cfg, seed=args.seed, dtype=workload.DTYPES[args.dtype]).to(info.device)
+    full = build_model(cfg, seed=args.seed, dtype=precision.param_dtype(args.dtype)).to(info.device)
     reference = copy.deepcopy(full)
     ref_loss = workload.reference_backward(reference, tokens, targets, m)
     if method == "manual":
@@ -122,7 +122,7 @@ def check(kind: str, method: str, args, info, tokens, targets) -> dict | None:
     stages = gather_to_rank0(mine)
     if stages is None:
         return None
-    tol = workload.tolerance(args.dtype)
+    tol = precision.tolerance(args.dtype)
     ok = all(s["weights_equal_full"] and s["max_grad_diff"] <= tol for s in stages) and \
         abs(stages[-1]["loss"] - ref_loss) <= tol
     return {"model": kind, "method": method, "layers_per_stage": [layer_ids(s["params"]) for s in stages],
@@ -137,7 +137,7 @@ def layer_ids(names: list[str]) -> list[int]:
 def tied(args, info, tokens, targets) -> dict | None:
     """A Llama whose output head reuses the embedding matrix, split by the tracer."""
     cfg, m = config("llama", args), args.microbatches
-    full = build_model(cfg, seed=args.seed, dtype=workload.DTYPES[args.dtype]).to(info.device)
+    full = build_model(cfg, seed=args.seed, dtype=precision.param_dtype(args.dtype)).to(info.device)
     full.output.weight = full.tok_embeddings.weight  # tie: one matrix, used first and last
     reference = copy.deepcopy(full)  # deepcopy keeps the tie
     workload.reference_backward(reference, tokens, targets, m)
@@ -168,7 +168,7 @@ def balance(args, info, tokens, targets) -> dict | None:
     """Split a Llama with a heavy head by each policy and time a GPipe step of each split."""
     cfg = config("llama", args, vocab=args.balance_vocab, dim=args.balance_dim, layers=args.balance_layers)
     m, p = args.microbatches, info.world_size
-    full = build_model(cfg, seed=args.seed, dtype=workload.DTYPES[args.dtype]).to(info.device)
+    full = build_model(cfg, seed=args.seed, dtype=precision.param_dtype(args.dtype)).to(info.device)
     tokens, targets = tokens % cfg.vocab_size, targets % cfg.vocab_size
     reference = copy.deepcopy(full)
     ref_loss = workload.reference_backward(reference, tokens, targets, m)
@@ -196,7 +196,7 @@ def balance(args, info, tokens, targets) -> dict | None:
                 losses.append(driver.schedule_step(schedule, info, tokens, targets))
             warm = r < args.warmup
             records.extend(measure.timed_steps(step, rec, int(warm), int(not warm), info.device) or [])
-    runs, tol = {}, workload.tolerance(args.dtype)
+    runs, tol = {}, precision.tolerance(args.dtype)
     for policy, (stage_mod, schedule, rec, losses, records) in pipes.items():
         mine = {"rank": info.rank, **workload.compare(stage_mod, reference),
                 "loss": workload.mean_loss(losses[-1]) if info.is_last else None}
@@ -232,7 +232,7 @@ def kwarg(args, info, tokens, targets) -> None:
     """Fails on purpose: the tracer wires the keyword argument to the last stage, but at run time
     only the first stage is given the model's inputs."""
     m = args.microbatches
-    full = build_model(config("gpt", args), seed=args.seed, dtype=workload.DTYPES[args.dtype]).to(info.device)
+    full = build_model(config("gpt", args), seed=args.seed, dtype=precision.param_dtype(args.dtype)).to(info.device)
     temperature = torch.ones(tokens.shape[0], 1, 1, device=info.device)  # (B, 1, 1)
     starts = [layers[0] for layers in assign_layers(len(full.layers), info.world_size)]
     pipe = pipeline(WithTemperature(full), mb_args=(tokens.chunk(m)[0],),

@@ -27,7 +27,8 @@ from tqdm import tqdm
 
 from ppbook import activations, timeline
 from ppbook import cli, driver, measure, workload
-from ppbook.dist import gather_to_rank0
+from ppbook import precision
+from ppbook.dist import gather_to_rank0, pick_device, schedule_backend_problem
 from ppbook.stages import TORCH_SCHEDULES, schedule_problem, stage_indices, stage_module
 
 SCHEDULE_NAMES = list(TORCH_SCHEDULES)  # GPipe, 1F1B, Interleaved1F1B, LoopedBFS, ...
@@ -36,7 +37,7 @@ SCHEDULE_NAMES = list(TORCH_SCHEDULES)  # GPipe, 1F1B, Interleaved1F1B, LoopedBF
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     # 8 layers: room for 2 stages per rank on 4 processes; 8 microbatches: every schedule runs at p = 2 and 4
-    cli.add_common_args(p, microbatches=8, batch_size=32, seq_len=64, layers=8, dim=128)
+    cli.add_common_args(p, microbatches=8, batch_size=32, seq_len=64, layers=8, dim=128, mixed_precision=True)
     cli.add_timing_args(p, steps=3)
     p.add_argument("--schedules", nargs="+", choices=SCHEDULE_NAMES + ["all"], default=["all"],
                    help="which schedule classes to run, one after another in this launch")
@@ -53,7 +54,8 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
     if args.lr < 0:
         raise ValueError(f"--lr must be at least 0, got {args.lr}")
     for name in args.schedules:  # torch's own errors come mid-way, or never (a wrong placement)
-        problem = schedule_problem(name, world_size, args.microbatches, args.stages_per_rank, args.layers)
+        problem = (schedule_problem(name, world_size, args.microbatches, args.stages_per_rank, args.layers)
+                   or schedule_backend_problem(name, pick_device(0, args.device)))
         if problem:
             raise ValueError(problem)
 
@@ -86,7 +88,9 @@ def sgd_reference_model(full, args, n_steps: int) -> tuple:
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
     for i in range(n_steps):
         opt.zero_grad(set_to_none=True)
-        loss = workload.reference_backward(model, *workload.make_batch(args, i, next(model.parameters()).device), args.microbatches)
+        device = next(model.parameters()).device
+        with precision.autocast(device, args.dtype):  # one region per step: autocast caches cast weights
+            loss = workload.reference_backward(model, *workload.make_batch(args, i, device), args.microbatches)
         opt.step()
     return model, loss
 
@@ -101,7 +105,8 @@ def run_schedule(name, full, reference, ref_loss, args, info) -> dict | None:
     def step():
         opt.zero_grad(set_to_none=True)
         tokens, targets = workload.make_batch(args, len(losses), info.device)  # (B, T) each, a new batch each step
-        losses.append(driver.schedule_step(schedule, info, tokens, targets, **holds))
+        with precision.autocast(info.device, args.dtype):  # a no-op unless --dtype bfloat16
+            losses.append(driver.schedule_step(schedule, info, tokens, targets, **holds))
         opt.step()
 
     records = measure.timed_steps(step, rec, args.warmup, args.steps, info.device)
@@ -124,7 +129,7 @@ def run_schedule(name, full, reference, ref_loss, args, info) -> dict | None:
     memory = [e for r in rows for e in activations.from_json(r[1])]
     t0 = min(e.start for e in events)
     pipeline_loss = next(c["loss"] for c in check if c["loss"] is not None)
-    tol = workload.tolerance(args.dtype)
+    tol = precision.tolerance(args.dtype)
     ok = abs(pipeline_loss - ref_loss) <= tol and all(max(c["max_grad_diff"], c["max_weight_diff"]) <= tol for c in check)
     return {"schedule": name, "num_stages": num_stages, "placement": {c["rank"]: c["stages"] for c in check},
             "match": ok, "loss": pipeline_loss, "reference_loss": ref_loss,

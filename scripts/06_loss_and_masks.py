@@ -24,6 +24,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
+from ppbook import dist as ppdist
 from ppbook import cli
 from ppbook.data import inputs_and_targets
 from ppbook.driver import schedule_step
@@ -50,6 +51,7 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
                          f"and {args.seq_len}")
     if args.layers < world_size:
         raise ValueError(f"{world_size} processes need at least {world_size} layers, got --layers {args.layers}")
+    ppdist.pick_device(0, args.device)  # --device cuda with too few GPUs: one line, before any process group
 
 
 def gradient_scaling_cases(info, m: int = 4, seq_len: int = 16, seed: int = 0) -> dict[str, float]:
@@ -168,7 +170,7 @@ def mask_demo(args, info) -> dict:
                       max_seq_len=args.seq_len)
     full = build_model(cfg, seed=args.seed, dtype=torch.float64).to(info.device)
     batch = 2 * args.microbatches
-    tokens, targets, doc_ids = (t.to(info.device) for t in packed_batch(args, cfg.vocab_size, batch))
+    tokens, targets, doc_ids = ppdist.on_device(info.device, *packed_batch(args, cfg.vocab_size, batch))
     m = args.microbatches
 
     # one process, the mask on every layer: the reference

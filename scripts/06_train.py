@@ -8,9 +8,13 @@ CPU, three stages, 1F1B, checked against the same model trained in one process:
     torchrun --standalone --nproc-per-node 3 scripts/06_train.py --schedule 1f1b --steps 5 --check
 One process, no torchrun (a one-stage pipeline):
     python scripts/06_train.py --steps 20
+Mixed precision (float32 weights and AdamW state, bfloat16 compute), checked against one process
+under the same precision:
+    torchrun --standalone --nproc-per-node 2 scripts/06_train.py --dtype bfloat16 --steps 5 --check
 GPUs, one node with 8 GPUs (NCCL), a bigger model and batch:
     torchrun --standalone --nproc-per-node 8 scripts/06_train.py --device cuda --layers 32 --dim 1024 \\
-        --heads 16 --kv-heads 4 --vocab 8192 --seq-len 512 --batch-size 256 --microbatches 32 --schedule 1f1b
+        --heads 16 --kv-heads 4 --vocab 8192 --seq-len 512 --batch-size 64 --microbatches 32 --schedule 1f1b \\
+        --dtype bfloat16
 The seed's Hugging Face path (needs `pip install datasets` and a network; not run by the book):
     torchrun --standalone --nproc-per-node 4 scripts/06_train.py --dataset HuggingFaceFW/fineweb-edu \\
         --dataset-config sample-10BT --tokenizer-file tokenizer.json --vocab 128256
@@ -18,12 +22,15 @@ The seed's Hugging Face path (needs `pip install datasets` and a network; not ru
 Every rank loads the same data and builds the full model from ``--seed``, then keeps its stage.
 The last stage shows a progress bar with the running loss; ``--json`` writes every step's loss,
 learning rate and gradient norms (global and per stage) and every evaluation.
+``--check`` accepts differences up to ``ppbook.precision.tolerance(dtype)``: 1e-5 in float32; 2e-2
+under bfloat16, a few rounding units of bfloat16 (2^-8), because pipeline and reference do the same
+operations but a GPU library may pick another kernel (another rounding) for another shape; on a CPU
+they agree to the last bit.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import os
 import sys
 import time
@@ -34,7 +41,9 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 from tqdm import tqdm
 
 from ppbook import data as ppdata
-from ppbook import cli, driver, workload
+from ppbook import dist as ppdist
+from ppbook import cli, driver
+from ppbook import precision
 from ppbook.models import LlamaConfig, build_model
 from ppbook.stages import assign_layers, stage_module
 from ppbook.training import TokenMeanLoss, TrainState, clip_grad_norm_global, warmup_cosine
@@ -44,7 +53,7 @@ SCHEDULE_CLASSES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    cli.add_common_args(p, batch_size=16, seq_len=64, layers=4, dim=64)
+    cli.add_common_args(p, batch_size=16, seq_len=64, layers=4, dim=64, mixed_precision=True)
     p.set_defaults(vocab=512)
     p.add_argument("--kv-heads", type=int, default=2, help="key/value heads (grouped-query attention)")
     p.add_argument("--schedule", choices=sorted(SCHEDULE_CLASSES), default="gpipe")
@@ -88,8 +97,9 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
                                         config=args.dataset_config, text_field=args.text_field)
     else:
         args.dataset_ = ppdata.load_local(args.seq_len, args.vocab, args.data, args.tokenizer_file, args.cache_dir)
-    if len(args.dataset_.eval[0]) < args.batch_size:
-        raise ValueError(f"only {len(args.dataset_.eval[0])} held-out rows, fewer than --batch-size {args.batch_size}")
+    if len(args.dataset_.eval[0]) < args.batch_size:  # evaluation runs whole batches through the same schedule
+        raise ValueError(f"only {len(args.dataset_.eval[0])} held-out rows of --seq-len {args.seq_len}, fewer than "
+                         f"--batch-size {args.batch_size}; lower --batch-size or give more text with --data")
     ppdata.Batches(*args.dataset_.train, args.batch_size, args.seed)  # enough training rows
 
 
@@ -104,6 +114,12 @@ def optimizer_and_scheduler(params, args):
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: warmup_cosine(s, args.warmup_steps, args.steps, args.min_lr_ratio))
     return opt, sched
+
+
+def held_out_batches(dataset, args, device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The held-out batches, on the stage's device: evaluation hands them to the schedule."""
+    return [ppdist.on_device(device, *batch)  # tokens (B, T), targets (B, T)
+            for batch in ppdata.eval_batches(*dataset.eval, args.batch_size, args.eval_batches)]
 
 
 # [start-eval]
@@ -132,10 +148,11 @@ def evaluate(schedule, stage_mod, info, batches, loss_fn, args) -> float | None:
     for tokens, targets in batches:
         n = loss_fn.set_batch(targets)  # this batch's scored tokens
         if args.eval_impl == "schedule":
-            with torch.no_grad():
+            with torch.no_grad(), precision.autocast(info.device, args.dtype):
                 losses = driver.schedule_step(schedule, info, tokens, targets, forward_only=True)
         else:
-            losses = forward_only_by_hand(stage_mod, info, tokens, targets, args.microbatches, loss_fn)
+            with precision.autocast(info.device, args.dtype):
+                losses = forward_only_by_hand(stage_mod, info, tokens, targets, args.microbatches, loss_fn)
         if info.is_last:
             total += torch.stack(losses).sum().item() * n
             count += n
@@ -146,7 +163,7 @@ def evaluate(schedule, stage_mod, info, batches, loss_fn, args) -> float | None:
 def train(args, info, dataset) -> tuple[TrainState, torch.nn.Module]:
     """The pipelined run. Returns the loop's state (metrics included) and this rank's stage."""
     # [start-setup]
-    full = build_model(llama_config(args), seed=args.seed, dtype=workload.DTYPES[args.dtype])  # same on every rank
+    full = build_model(llama_config(args), seed=args.seed, dtype=precision.param_dtype(args.dtype))  # same on every rank
     stage_mod = stage_module(full, info.rank, info.world_size).to(info.device)
     stage = PipelineStage(stage_mod, stage_index=info.rank, num_stages=info.world_size, device=info.device)
     loss_fn = TokenMeanLoss()
@@ -155,7 +172,7 @@ def train(args, info, dataset) -> tuple[TrainState, torch.nn.Module]:
     params = list(stage_mod.parameters())
     optimizer, scheduler = optimizer_and_scheduler(params, args)
     batches = ppdata.Batches(*dataset.train, args.batch_size, args.seed)
-    held_out = ppdata.eval_batches(*dataset.eval, args.batch_size, args.eval_batches)
+    held_out = held_out_batches(dataset, args, info.device)
     state = TrainState()
     # [end-setup]
     # [start-loop]
@@ -164,10 +181,11 @@ def train(args, info, dataset) -> tuple[TrainState, torch.nn.Module]:
     running = None
     for step in bar:
         t0 = time.perf_counter()
-        tokens, targets = batches.next()                     # (B, T) each, the same batch on every rank
+        tokens, targets = ppdist.on_device(info.device, *batches.next())  # (B, T) each, the same batch on every rank
         loss_fn.set_batch(targets)                           # how many tokens count in this batch
         optimizer.zero_grad(set_to_none=True)
-        mb_losses = driver.schedule_step(schedule, info, tokens.to(info.device), targets.to(info.device))
+        with precision.autocast(info.device, args.dtype):    # bfloat16 compute, float32 weights
+            mb_losses = driver.schedule_step(schedule, info, tokens, targets)
         norm, stage_norm = clip_grad_norm_global(params, args.clip)  # comm: all-reduce of squared norms
         lr = scheduler.get_last_lr()[0]
         optimizer.step()
@@ -190,30 +208,31 @@ def train(args, info, dataset) -> tuple[TrainState, torch.nn.Module]:
 def train_one_process(args, dataset, device) -> tuple[dict, torch.nn.Module]:
     """The same model trained in one process: same seed, same batches in the same order, the same
     microbatches, the same loss, ``clip_grad_norm_`` and optimizer."""
-    model = build_model(llama_config(args), seed=args.seed, dtype=workload.DTYPES[args.dtype]).to(device)
+    model = build_model(llama_config(args), seed=args.seed, dtype=precision.param_dtype(args.dtype)).to(device)
     optimizer, scheduler = optimizer_and_scheduler(list(model.parameters()), args)
     batches = ppdata.Batches(*dataset.train, args.batch_size, args.seed)
-    held_out = ppdata.eval_batches(*dataset.eval, args.batch_size, args.eval_batches)
+    held_out = held_out_batches(dataset, args, device)
     loss_fn, m = TokenMeanLoss(), args.microbatches
     out = {"loss": [], "grad_norm": [], "eval": []}
     for step in range(args.steps):
-        tokens, targets = batches.next()
+        tokens, targets = ppdist.on_device(device, *batches.next())
         loss_fn.set_batch(targets)
         optimizer.zero_grad(set_to_none=True)
         mb_losses = []
         for mb_tokens, mb_targets in zip(tokens.chunk(m), targets.chunk(m)):
-            mb_losses.append(loss_fn(model(mb_tokens.to(device)), mb_targets.to(device)))
+            with precision.autocast(device, args.dtype):
+                mb_losses.append(loss_fn(model(mb_tokens), mb_targets))
             mb_losses[-1].backward()
         out["grad_norm"].append(torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip or float("inf")).item())
         out["loss"].append(torch.stack(mb_losses).sum().item())
         optimizer.step()
         scheduler.step()
         if (args.eval_every and (step + 1) % args.eval_every == 0) or step + 1 == args.steps:
-            with torch.no_grad():
+            with torch.no_grad(), precision.autocast(device, args.dtype):
                 total, count = 0.0, 0
                 for tokens, targets in held_out:
                     n = loss_fn.set_batch(targets)
-                    total += torch.stack([loss_fn(model(t.to(device)), g.to(device))
+                    total += torch.stack([loss_fn(model(t), g)
                                           for t, g in zip(tokens.chunk(m), targets.chunk(m))]).sum().item() * n
                     count += n
                 out["eval"].append(total / count)
@@ -252,7 +271,7 @@ def body(args: argparse.Namespace, info) -> int:
           f"{out['eval'][-1]['loss']:.3f} (step {out['eval'][-1]['step']})")
     ok = True
     if args.check:
-        tol = workload.tolerance(args.dtype)
+        tol = precision.tolerance(args.dtype)
         losses = [r["loss"] for r in out["train"]]
         diffs = {"loss": max(abs(a - b) for a, b in zip(losses, ref["loss"])),
                  "grad_norm": max(abs(r["grad_norm"] - b) / b for r, b in zip(out["train"], ref["grad_norm"])),

@@ -37,6 +37,7 @@ from tqdm.auto import tqdm
 from ppbook import checkpoint as ckpt
 from ppbook import dist as ppdist
 from ppbook import cli, driver, workload
+from ppbook import precision
 from ppbook.stages import assign_layers, stage_module
 from ppbook.training import warmup_cosine
 
@@ -45,7 +46,7 @@ SCRIPT = "07_checkpointing.py"
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    cli.add_common_args(p)
+    cli.add_common_args(p, mixed_precision=True)
     p.add_argument("--steps", type=int, default=6, help="train until this many optimizer steps are done in all")
     p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (AdamW)")
     p.add_argument("--lr-warmup", type=int, default=2, help="steps of linear warm-up, then cosine decay")
@@ -124,7 +125,8 @@ def reference_digest(args, device) -> dict[str, str]:
     for step in range(args.steps):
         tokens, targets = workload.make_batch(args, step, device)
         optimizer.zero_grad(set_to_none=True)
-        workload.reference_backward(model, tokens, targets, args.microbatches)
+        with precision.autocast(device, args.dtype):  # one region per step: autocast caches cast weights
+            workload.reference_backward(model, tokens, targets, args.microbatches)
         optimizer.step()
         scheduler.step()
     return ckpt.digest(model, optimizer)
@@ -137,7 +139,7 @@ def body(args: argparse.Namespace, info) -> int:
         # and the last bits differ from a checkpoint written under torchrun
         torch.set_num_threads(1)
     log = tqdm.write if info.is_last else (lambda _: None)  # the last stage sees the losses
-    model = workload.full_model(args, info.device)
+    model = workload.full_model(args, info.device)  # float32 weights under --dtype bfloat16
     if staged:
         model = stage_module(model, info.rank, info.world_size)
     options = ckpt.FLAT if args.optim_state == "flat" else ckpt.NESTED
@@ -158,11 +160,12 @@ def body(args: argparse.Namespace, info) -> int:
         maybe_kill(args, info, step + 1, during_save=False)
         tokens, targets = workload.make_batch(args, position, info.device)  # (B, T) each: batch number `position`
         optimizer.zero_grad(set_to_none=True)
-        if staged:
-            mb_losses = driver.schedule_step(schedule, info, tokens, targets)
-            loss = workload.mean_loss(mb_losses) if mb_losses else None
-        else:
-            loss = workload.reference_backward(model, tokens, targets, args.microbatches)
+        with precision.autocast(info.device, args.dtype):  # a no-op unless --dtype bfloat16
+            if staged:
+                mb_losses = driver.schedule_step(schedule, info, tokens, targets)
+                loss = workload.mean_loss(mb_losses) if mb_losses else None
+            else:
+                loss = workload.reference_backward(model, tokens, targets, args.microbatches)
         lr = scheduler.get_last_lr()[0]
         optimizer.step()
         scheduler.step()
@@ -198,7 +201,7 @@ def body(args: argparse.Namespace, info) -> int:
               else "MISMATCH: this run differs from the uninterrupted one-process run")
     cli.write_json(args.json, {
         "world_size": info.world_size, "process_group": staged, "layers_per_stage": assign_layers(args.layers, info.world_size),
-        "start_step": start, "steps": args.steps, "resumed_from": str(args.resume_path) if args.resume_path else None,
+        "start_step": start, "steps": args.steps, "dtype": args.dtype, "resumed_from": str(args.resume_path) if args.resume_path else None,
         "losses": {str(k): v for k, v in everyone[-1]["losses"].items()}, "saved": saved,
         "digest": merged, "rng_after": [e["rng"] for e in everyone], "match": ok, "torch_version": torch.__version__})
     return 1 if ok is False else 0

@@ -27,6 +27,7 @@ import torch.nn as nn
 from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
 from ppbook import cli, driver, workload
+from ppbook import precision
 from ppbook.skip import build_skip_model, sync_tied_grads, tied_group_ranks, tied_parameter
 from ppbook.stages import stage_module
 
@@ -35,7 +36,7 @@ VARIANTS = ("skip", "tied", "tied-nosync")
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    cli.add_common_args(p)
+    cli.add_common_args(p, mixed_precision=True)
     p.add_argument("--steps", type=int, default=3, help="optimizer steps (AdamW)")
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
@@ -66,7 +67,8 @@ def train_pipeline(stage_mod, args, info, tied_group, sync: bool) -> list[float]
     for step in range(args.steps):
         tokens, targets = workload.make_batch(args, step, info.device)  # (B, T), (B, T)
         opt.zero_grad()
-        mb_losses = driver.schedule_step(schedule, info, tokens, targets)
+        with precision.autocast(info.device, args.dtype):  # a no-op unless --dtype bfloat16
+            mb_losses = driver.schedule_step(schedule, info, tokens, targets)
         if sync:
             sync_tied_grads(stage_mod, tied_group)  # comm: first + last stage's tied grads
         opt.step()
@@ -77,9 +79,10 @@ def train_pipeline(stage_mod, args, info, tied_group, sync: bool) -> list[float]
 
 def run_variant(variant, args, info, tied_group) -> dict | None:
     tie = variant != "skip"
-    full = build_skip_model(workload.gpt_config(args), args.seed, tie, workload.DTYPES[args.dtype]).to(info.device)
+    full = build_skip_model(workload.gpt_config(args), args.seed, tie, precision.param_dtype(args.dtype)).to(info.device)
     reference = copy.deepcopy(full)  # one process; a tied weight stays one Parameter here
-    ref_losses = workload.adamw_reference_losses(reference, args, info.device)
+    with precision.autocast(info.device, args.dtype, cache=False):  # around several steps: no cache
+        ref_losses = workload.adamw_reference_losses(reference, args, info.device)
     stage_mod = stage_module(full, info.rank, info.world_size)
     if args.stage_output == "dict" and stage_mod.output is None:
         stage_mod = DictOutput(stage_mod)
@@ -96,7 +99,7 @@ def run_variant(variant, args, info, tied_group) -> dict | None:
     copy_diff = (copies[0] - copies[-1]).abs().max().item() if tie else None
     pipe_losses = everyone[-1]["losses"]
     loss_diff = max(abs(a - b) for a, b in zip(pipe_losses, ref_losses))
-    tol = workload.tolerance(args.dtype)
+    tol = precision.tolerance(args.dtype)
     ok = loss_diff <= tol and all(r["max_grad_diff"] <= tol and r["max_weight_diff"] <= tol for r in everyone)
     return {"variant": variant, "pipeline_losses": pipe_losses, "reference_losses": ref_losses,
             "max_loss_diff": loss_diff, "tied_copy_diff": copy_diff, "stages": everyone, "match": ok}
@@ -120,7 +123,7 @@ def body(args: argparse.Namespace, info) -> int:
     ok = all(r["match"] == expected[r["variant"]] for r in runs)
     print("as expected: tuples and summed tied gradients reproduce one process" if ok else "UNEXPECTED result")
     cli.write_json(args.json, {"world_size": info.world_size, "microbatches": args.microbatches, "dtype": args.dtype,
-                              "steps": args.steps, "tolerance": workload.tolerance(args.dtype), "runs": runs,
+                              "steps": args.steps, "tolerance": precision.tolerance(args.dtype), "runs": runs,
                               "as_expected": ok, "torch_version": torch.__version__})
     return 1 if (args.check and not ok) else 0
 

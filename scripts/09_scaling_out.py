@@ -37,18 +37,26 @@ from tqdm import tqdm
 
 from ppbook import dist as ppdist
 from ppbook import cli, driver, workload
+from ppbook import fsdp_probe, precision
 from ppbook.stages import stage_module
+
+WRAPS = ("blocks", "blocks-keep", "stage")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     cli.add_common_args(p, microbatches=2, microbatches_help="microbatches per replica's pipeline",
-                       batch_size=16)
+                       batch_size=16, mixed_precision=True)
     p.add_argument("--dp", type=int, default=2, help="data-parallel replicas; pipeline stages = world size / dp")
     p.add_argument("--steps", type=int, default=3, help="optimizer steps (AdamW)")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--replicate", choices=["fsdp", "ddp"], default="fsdp",
                    help="how a stage is replicated over --dp; ddp shows torch 2.13's failure (chapter 9)")
+    p.add_argument("--fsdp-wrap", choices=WRAPS, default="blocks",
+                   help="blocks: fully_shard each block, then the stage; blocks-keep: the same without resharding "
+                        "after forward; stage: one fully_shard around the whole stage")
+    p.add_argument("--probe-wraps", nargs="+", choices=WRAPS, default=[],
+                   help="after training, one step per wrapping on fresh stages: all-gathers and unsharded bytes")
     p.add_argument("--ray-workers", type=int, default=0,
                    help="run under Ray Train's TorchTrainer with this many workers instead of torchrun")
     p.add_argument("--ray-address", default=None,
@@ -84,6 +92,18 @@ def digest(weights: dict[str, torch.Tensor]) -> str:
     return h.hexdigest()[:16]
 
 
+# [start-shard]
+def shard_stage(stage_mod, dp_mesh, wrap: str = "blocks") -> None:
+    """FSDP2 over the replicas of this stage, wrapped as torchtitan wraps a model: each block its own
+    group, gathered just before it runs and freed after its forward (unless ``blocks-keep``), then
+    the stage, whose group holds the rest (embedding, norm, head) and stays gathered through the step."""
+    if wrap != "stage":
+        for block in stage_mod.layers.values():
+            fully_shard(block, mesh=dp_mesh, reshard_after_forward=wrap == "blocks")
+    fully_shard(stage_mod, mesh=dp_mesh)
+# [end-shard]
+
+
 # [start-mesh]
 def build_replicated_stage(args, info):
     """This rank's pipeline stage, replicated over its data-parallel group."""
@@ -95,7 +115,7 @@ def build_replicated_stage(args, info):
     # reduce-scatters (averages) their gradients after the last microbatch's backward
     wrapped = stage_mod
     if args.dp > 1 and args.replicate == "fsdp":
-        fully_shard(stage_mod, mesh=mesh["dp"])  # in place: stage_mod's parameters become shards
+        shard_stage(stage_mod, mesh["dp"], args.fsdp_wrap)  # in place: stage_mod's parameters become shards
     elif args.dp > 1:  # what fails in torch 2.13 (chapter 9)
         wrapped = DDP(stage_mod, process_group=mesh.get_group("dp"))
     stage = PipelineStage(wrapped, stage_index=pp_rank, num_stages=pp, device=info.device,
@@ -118,14 +138,45 @@ def train(args: argparse.Namespace, info: ppdist.DistInfo) -> dict | None:
         tokens, targets = workload.make_batch(args, step, info.device)  # combined batch (B, T), every rank
         mine = tokens.chunk(args.dp)[dp_rank], targets.chunk(args.dp)[dp_rank]  # (B/dp, T) each
         opt.zero_grad()
-        mb_losses = driver.schedule_step(schedule, where, *mine)  # FSDP reduces after the last backward
+        with precision.autocast(info.device, args.dtype):  # a no-op unless --dtype bfloat16
+            mb_losses = driver.schedule_step(schedule, where, *mine)  # FSDP reduces after the last backward
         opt.step()
         loss = torch.tensor([workload.mean_loss(mb_losses) if mb_losses else 0.0], dtype=torch.float64,
                             device=info.device)  # NCCL reduces only GPU tensors
         dist.all_reduce(loss)  # comm: the last stages' losses (the others add zero)
         losses.append(loss.item() / args.dp)
     # [end-train]
-    return report(args, info, stage_mod, losses, dp_rank, pp_rank, time.perf_counter() - t0)
+    seconds = time.perf_counter() - t0
+    probes = measure_wraps(args, info, mesh, args.probe_wraps) if args.probe_wraps and args.dp > 1 else None
+    result = report(args, info, stage_mod, losses, dp_rank, pp_rank, seconds)
+    if result is not None:
+        result["fsdp_probe"] = probes
+    return result
+
+
+def measure_wraps(args, info, mesh, wraps) -> list[dict] | None:
+    """Two GPipe steps per FSDP wrapping, on fresh copies of this rank's stage, the second under
+    :func:`ppbook.fsdp_probe.probe`: every rank's all-gathers and parameter bytes held unsharded."""
+    pp = info.world_size // args.dp
+    dp_rank, pp_rank = mesh.get_local_rank("dp"), mesh.get_local_rank("pp")
+    tokens, targets = workload.make_batch(args, 0, info.device)
+    mine = tokens.chunk(args.dp)[dp_rank], targets.chunk(args.dp)[dp_rank]  # (B/dp, T) each
+    rows = []
+    for wrap in wraps:
+        stage_mod = stage_module(workload.full_model(args, info.device), pp_rank, pp)
+        full_bytes = sum(p.numel() * p.element_size() for p in stage_mod.parameters())
+        shard_stage(stage_mod, mesh["dp"], wrap)
+        stage = PipelineStage(stage_mod, stage_index=pp_rank, num_stages=pp, device=info.device,
+                              group=mesh.get_group("pp"))
+        schedule = ScheduleGPipe(stage, n_microbatches=args.microbatches, loss_fn=workload.loss_fn)
+        where = types.SimpleNamespace(is_first=stage.is_first, is_last=stage.is_last)
+        driver.schedule_step(schedule, where, *mine)  # the first step also infers shapes (one more gather)
+        with fsdp_probe.probe() as stats:         # a steady step
+            driver.schedule_step(schedule, where, *mine)
+        rows.append({"wrap": wrap, "rank": info.rank, "pp_rank": pp_rank, "stage_param_bytes": full_bytes,
+                     **stats.to_json()})
+    everyone = ppdist.gather_to_rank0(rows)
+    return None if everyone is None else [row for rank_rows in everyone for row in rank_rows]
 
 
 def report(args, info, stage_mod, losses, dp_rank, pp_rank, seconds) -> dict | None:
@@ -139,14 +190,15 @@ def report(args, info, stage_mod, losses, dp_rank, pp_rank, seconds) -> dict | N
     # the reference: the full model, the combined batch cut into dp x m microbatches, in order
     reference = workload.full_model(args, torch.device("cpu"))
     ref_args = argparse.Namespace(**{**vars(args), "microbatches": args.dp * args.microbatches})
-    ref_losses = workload.adamw_reference_losses(reference, ref_args, "cpu")
+    with precision.autocast(torch.device("cpu"), args.dtype, cache=False):  # around several steps: no cache
+        ref_losses = workload.adamw_reference_losses(reference, ref_args, "cpu")
     ref = dict(reference.named_parameters())
     for r in everyone:
         r["max_weight_diff"] = max((w - ref[n].detach()).abs().max().item() for n, w in r.pop("weights").items())
     replicas_equal = all(len({r["digest"] for r in everyone if r["pp_rank"] == s}) == 1
                          for s in {r["pp_rank"] for r in everyone})
     loss_diff = max(abs(a - b) for a, b in zip(losses, ref_losses))
-    tol = workload.tolerance(args.dtype)
+    tol = precision.tolerance(args.dtype)
     ok = replicas_equal and loss_diff <= tol and all(r["max_weight_diff"] <= tol for r in everyone)
     return {"world_size": info.world_size, "dp": args.dp, "pp": info.world_size // args.dp,
             "microbatches": args.microbatches, "batch_size": args.batch_size, "dtype": args.dtype,

@@ -29,6 +29,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ppbook import dist as ppdist
 from ppbook import cli, workload
+from ppbook import precision
 from ppbook.stages import assign_layers
 
 
@@ -45,7 +46,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=2, help="SGD steps")
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dtype", choices=sorted(workload.DTYPES), default="float32")
+    p.add_argument("--dtype", choices=precision.dtype_choices(mixed=True), default="float32",
+                   help="float32/float64: everything in that dtype; bfloat16: float32 weights, bfloat16 compute")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                    help="old Pipe's devices: with cuda, rank r uses cuda:r")
     p.add_argument("--check", action="store_true", help="fail unless the pipeline matches the one-process run")
@@ -83,7 +85,7 @@ def build_model(args: argparse.Namespace) -> nn.Sequential:
     """The kind of model the old Pipe took: an nn.Sequential, cut between its children."""
     torch.manual_seed(args.seed)
     blocks = [nn.Sequential(nn.Linear(args.dim, args.dim), nn.Tanh()) for _ in range(args.layers - 1)]
-    return nn.Sequential(*blocks, nn.Linear(args.dim, args.dim)).to(workload.DTYPES[args.dtype])
+    return nn.Sequential(*blocks, nn.Linear(args.dim, args.dim)).to(precision.param_dtype(args.dtype))
 # [end-model]
 
 
@@ -118,7 +120,7 @@ class Checkpointed(nn.Module):
 
 def make_batch(args: argparse.Namespace, step: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(args.seed * 10_000 + step)
-    x = torch.randn(args.batch_size, args.dim, generator=g, dtype=workload.DTYPES[args.dtype])
+    x = torch.randn(args.batch_size, args.dim, generator=g, dtype=precision.param_dtype(args.dtype))
     return x.to(device), torch.sin(x).to(device)  # inputs (B, D), targets (B, D)
 
 
@@ -138,14 +140,15 @@ def train_pipeline(stage_mod: nn.Module, args, info) -> tuple[list[float], torch
         x, y = make_batch(args, step, info.device)
         opt.zero_grad()
         mb_losses = []
-        if info.is_first and info.is_last:
-            out = schedule.step(x, target=y, losses=mb_losses)
-        elif info.is_first:
-            out = schedule.step(x)                                 # only stage 0 gets the input
-        elif info.is_last:
-            out = schedule.step(target=y, losses=mb_losses)       # only the last stage the target
-        else:
-            out = schedule.step()
+        with precision.autocast(info.device, args.dtype):          # a no-op unless --dtype bfloat16
+            if info.is_first and info.is_last:
+                out = schedule.step(x, target=y, losses=mb_losses)
+            elif info.is_first:
+                out = schedule.step(x)                             # only stage 0 gets the input
+            elif info.is_last:
+                out = schedule.step(target=y, losses=mb_losses)   # only the last stage the target
+            else:
+                out = schedule.step()
         opt.step()
         if step == 0 and info.is_last:
             first_output = out.detach()                           # (B, D), merged from the microbatches
@@ -163,10 +166,11 @@ def sgd_reference_losses(model: nn.Module, args, device) -> tuple[list[float], t
         opt.zero_grad()
         outs, mb_losses = [], []
         for xc, yc in zip(x.chunk(args.chunks), y.chunk(args.chunks)):
-            out = model(xc)
-            (mse(out, yc) / args.chunks).backward()
+            with precision.autocast(device, args.dtype):
+                out = model(xc)
+                (mse(out, yc) / args.chunks).backward()
+                mb_losses.append(mse(out, yc))
             outs.append(out.detach())
-            mb_losses.append(mse(out, yc))
         opt.step()
         first_output = torch.cat(outs) if step == 0 else first_output
         losses.append(workload.mean_loss(mb_losses))
@@ -190,7 +194,7 @@ def body(args: argparse.Namespace, info) -> int:
     everyone = [None] * info.world_size
     dist.all_gather_object(everyone, mine)
     last = everyone[-1]
-    tol = workload.tolerance(args.dtype)
+    tol = precision.tolerance(args.dtype)
     loss_diff = max(abs(a - b) for a, b in zip(last["losses"], ref_losses))
     ok = (loss_diff <= tol and last["max_output_diff"] <= tol
           and all(r["max_grad_diff"] <= tol and r["max_weight_diff"] <= tol for r in everyone))
@@ -201,7 +205,7 @@ def body(args: argparse.Namespace, info) -> int:
         print(f"max |output - ref| = {last['max_output_diff']:.1e}; losses {last['losses']} vs {ref_losses}")
         print("MATCH: the pipeline reproduces the one-process run" if ok else "MISMATCH")
         cli.write_json(args.json, {
-            "world_size": info.world_size, "chunks": args.chunks, "balance": args.balance,
+            "world_size": info.world_size, "dtype": args.dtype, "chunks": args.chunks, "balance": args.balance,
             "checkpoint": args.checkpoint, "layers_per_stage": layers, "pipeline_losses": last["losses"],
             "reference_losses": ref_losses, "max_loss_diff": loss_diff, "max_output_diff": last["max_output_diff"],
             "stages": everyone, "match": ok, "tolerance": tol, "torch_version": torch.__version__,

@@ -19,6 +19,7 @@ import sys
 import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleZBVZeroBubble
 
+from ppbook import dist as ppdist
 from ppbook import errors, timeline
 from ppbook import cli, driver, workload
 from ppbook.stages import stage_module
@@ -45,6 +46,7 @@ def validate(args: argparse.Namespace, num_stages: int) -> None:
     if args.batch_size % args.microbatches or args.layers < 4 or args.timeout <= 0:
         raise ValueError("start from a correct set-up: --batch-size divisible by --microbatches, --layers at least 4, "
                          "--timeout positive; --mistake then breaks one rule")
+    ppdist.pick_device(0, args.device)  # --device cuda with too few GPUs: one line, before any process group
 
 
 def wrong_v_placement(args, info, tokens, targets) -> int:

@@ -11,9 +11,9 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "ppbook"
 
 # Bottom to top, along the data flow. A module may import only modules of lower layers.
 LAYERS: list[tuple[str, list[str]]] = [
-    ("leaves: formulas, reports, claims, errors, data, processes, launching, the action graph",
+    ("leaves: formulas, reports, claims, errors, data, processes, launching, the action graph, precision",
      ["report", "claims", "errors", "bubble", "traffic", "dataflow", "data", "dist", "launch",
-      "activations", "checkpoint"]),
+      "activations", "checkpoint", "precision", "fsdp_probe"]),
     ("models, stage placement, recording, driving a schedule, training pieces, nodes",
      ["models", "stages", "timeline", "driver", "training", "nodes", "network"]),
     ("built on a model or a timeline: balancing, skip models, the workload, timing, simulating",

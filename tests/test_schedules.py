@@ -10,7 +10,6 @@ import torch
 import torch.nn as nn
 
 from ppbook import activations, bubble, launch, simulate, stages, timeline
-from ppbook.simulate import Action
 
 warnings.filterwarnings("ignore", message=".*torch.compile.*")
 NAMES = list(stages.TORCH_SCHEDULES)

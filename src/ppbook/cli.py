@@ -13,13 +13,17 @@ import sys
 from typing import Callable
 
 from ppbook import dist as ppdist
-from ppbook.workload import DTYPES
+from ppbook import precision
 
 
 def add_common_args(p: argparse.ArgumentParser, microbatches: int | list[int] = 4,
                     microbatches_help: str = "n_microbatches: the batch is cut into this many",
-                    batch_size: int = 8, seq_len: int = 32, layers: int = 4, dim: int = 64) -> None:
+                    batch_size: int = 8, seq_len: int = 32, layers: int = 4, dim: int = 64,
+                    mixed_precision: bool = False) -> None:
     """The model, data and run flags every script shares (defaults run in seconds on a CPU).
+
+    ``mixed_precision`` lets ``--dtype`` take ``bfloat16`` (for scripts that wrap their steps in
+    :func:`ppbook.precision.autocast`).
 
     A list default for ``microbatches`` makes ``--microbatches`` take several values (a sweep).
     """
@@ -32,7 +36,9 @@ def add_common_args(p: argparse.ArgumentParser, microbatches: int | list[int] = 
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--vocab", type=int, default=256)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    p.add_argument("--dtype", choices=precision.dtype_choices(mixed_precision), default="float32",
+                   help="float32/float64: everything in that dtype; bfloat16: float32 weights and optimizer "
+                        "state, bfloat16 compute (autocast)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.add_argument("--check", action="store_true", help="fail unless the pipeline matches the one-process run")
     p.add_argument("--json", default=None, help="write machine-readable results to this path (rank 0)")

@@ -170,7 +170,7 @@ def encode_rows(tok, docs: list[str], seq_len: int) -> tuple[torch.Tensor, torch
 
 def inputs_and_targets(rows: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """tokens (B, T) and targets (B, T), the targets of padded positions set to IGNORE_INDEX."""
-    tokens, targets = rows[:, :-1], rows[:, 1:].clone()  # (B, T) each
+    tokens, targets = rows[:, :-1].contiguous(), rows[:, 1:].clone()  # (B, T) each; contiguous: torch 2.11 checks strides
     positions = torch.arange(targets.shape[1])  # (T,)
     targets[positions[None, :] >= (lengths[:, None] - 1)] = IGNORE_INDEX  # target j is row[j + 1]
     return tokens, targets

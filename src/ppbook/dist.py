@@ -42,15 +42,58 @@ def launched_by_torchrun(environ: dict | None = None) -> bool:
     return all(v in environ for v in TORCHRUN_VARS)
 
 
+def local_world_size(environ: dict | None = None) -> int:
+    """How many processes torchrun starts on this node (``LOCAL_WORLD_SIZE``; 1 without torchrun)."""
+    environ = os.environ if environ is None else environ
+    return int(environ.get("LOCAL_WORLD_SIZE", "1"))
+
+
 def pick_device(local_rank: int, device: str = "auto") -> torch.device:
-    """``auto``: this process's GPU when there is one, else the CPU. ``cpu`` forces the CPU."""
+    """``auto``: this process's GPU when every process on the node has one, else the CPU.
+    ``cpu`` forces the CPU; ``cuda`` refuses, in one line, a node with fewer GPUs than processes
+    (two processes on one GPU fail in NCCL, "Duplicate GPU detected", and gloo cannot send CUDA
+    tensors). Called before any process group exists."""
     if device not in ("auto", "cpu", "cuda"):
         raise ValueError(f"--device must be auto, cpu or cuda, got {device!r}")
     if device == "cpu" or (device == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise ValueError("--device cuda was asked for but torch.cuda.is_available() is False; use --device cpu")
-    return torch.device("cuda", local_rank % torch.cuda.device_count())
+    gpus, procs = torch.cuda.device_count(), local_world_size()
+    if procs > gpus:
+        if device == "auto":  # e.g. the CPU commands on a laptop with one GPU
+            return torch.device("cpu")
+        raise ValueError(f"--device cuda: found {gpus} GPU(s) on this node for {procs} processes (one GPU each); "
+                         f"run torchrun --nproc-per-node {gpus} (more stages: more nodes), or --device cpu")
+    return torch.device("cuda", local_rank % gpus)
+
+
+def on_device(device: torch.device | str, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """``tensors`` on ``device``, contiguous: what a stage or a schedule may be handed.
+
+    A stage's inputs must live on the stage's device (held-out tokens left on the CPU fail on a
+    GPU: "Expected all tensors to be on the same device"), and torch 2.11 checks their strides
+    against the stage's expectation, so a slice such as ``rows[:, :-1]`` fails there with
+    "PipeliningShapeError: ... stride mismatch". Introduced in chapter 6.
+    """
+    return tuple(t.to(device).contiguous() for t in tensors)
+
+
+V_SCHEDULES = ("ZBVZeroBubble", "DualPipeV")  # a rank holds two adjacent stages (the V's tip)
+
+
+def schedule_backend_problem(name: str, device: torch.device) -> str | None:
+    """Why schedule ``name`` cannot run on ``device``'s backend with the installed torch, or ``None``.
+
+    Under torch < 2.13 on gloo the rank that holds both stages at the V's tip sends to itself in
+    ``_initialize_stages``, which gloo refuses ("Pair is not connected"); NCCL and torch 2.13 are fine.
+    """
+    from torch.torch_version import TorchVersion
+
+    if name in V_SCHEDULES and device.type == "cpu" and TorchVersion(torch.__version__) < (2, 13):
+        return (f"{name} on gloo (CPU) needs torch >= 2.13, found {torch.__version__}; upgrade torch, run on GPUs "
+                f"(--device cuda), or pick another schedule")
+    return None
 
 
 def restarted_store(rank: int, world_size: int, timeout_s: float):

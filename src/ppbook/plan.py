@@ -20,7 +20,7 @@ import argparse
 import functools
 import json
 import sys
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ppbook import memory, network, simulate, stages, traffic

@@ -13,7 +13,6 @@ import argparse
 import copy
 import json
 
-import torch
 import torch.distributed as dist
 from torch.distributed import pipelining as pp
 

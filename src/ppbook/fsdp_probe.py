@@ -1,0 +1,75 @@
+"""What FSDP2 holds and gathers during a pipeline step: a measurement probe for chapter 9.
+
+Introduced in chapter 9 ("Scaling out"). Under ``fully_shard`` each parameter group (one per
+``fully_shard`` call) is all-gathered before use and, depending on ``reshard_after_forward`` and
+on what torch's pipelining sets for backward, freed again. :func:`probe` counts the all-gathers
+and tracks the bytes of parameters held unsharded, in total and while only forwards have run.
+
+It wraps three methods of FSDP2's private ``FSDPParamGroup`` for the duration of a ``with``
+block (torch 2.13): a measurement, not something a training script should depend on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+
+@dataclass
+class FsdpStats:
+    all_gathers: int = 0
+    peak_unsharded_bytes: int = 0           # the most parameter bytes held unsharded at once
+    forward_peak_unsharded_bytes: int = 0   # the same, before the step's first backward
+    backward_started: bool = False
+    _held: dict = field(default_factory=dict)  # group id -> unsharded bytes
+
+    def to_json(self) -> dict:
+        return {"all_gathers": self.all_gathers, "peak_unsharded_bytes": self.peak_unsharded_bytes,
+                "forward_peak_unsharded_bytes": self.forward_peak_unsharded_bytes}
+
+
+def _group_bytes(group) -> int:
+    return sum(fp._orig_size.numel() * fp.sharded_param.element_size() for fp in group.fsdp_params)
+
+
+@contextlib.contextmanager
+def probe():
+    """``with probe() as stats:`` counts all-gathers and unsharded bytes of every FSDP2 group."""
+    from torch.distributed.fsdp._fully_shard import _fsdp_param_group as pg
+
+    stats = FsdpStats()
+    cls = pg.FSDPParamGroup
+    saved = {"to_unsharded": cls._to_unsharded, "to_sharded": cls._to_sharded, "pre_backward": cls.pre_backward,
+             "gather": pg.foreach_all_gather}
+
+    def record():
+        held = sum(stats._held.values())
+        stats.peak_unsharded_bytes = max(stats.peak_unsharded_bytes, held)
+        if not stats.backward_started:
+            stats.forward_peak_unsharded_bytes = max(stats.forward_peak_unsharded_bytes, held)
+
+    def to_unsharded(self):
+        saved["to_unsharded"](self)
+        stats._held[id(self)] = _group_bytes(self)
+        record()
+
+    def to_sharded(self):
+        saved["to_sharded"](self)
+        stats._held.pop(id(self), None)
+
+    def pre_backward(self, *args, **kwargs):
+        stats.backward_started = True
+        return saved["pre_backward"](self, *args, **kwargs)
+
+    def gather(*args, **kwargs):
+        stats.all_gathers += 1
+        return saved["gather"](*args, **kwargs)
+
+    cls._to_unsharded, cls._to_sharded, cls.pre_backward, pg.foreach_all_gather = \
+        to_unsharded, to_sharded, pre_backward, gather
+    try:
+        yield stats
+    finally:
+        cls._to_unsharded, cls._to_sharded, cls.pre_backward = \
+            saved["to_unsharded"], saved["to_sharded"], saved["pre_backward"]
+        pg.foreach_all_gather = saved["gather"]
