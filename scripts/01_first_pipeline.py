@@ -40,17 +40,24 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 # [start-pipeline]
 def train_pipeline(stage_mod, args, info) -> tuple[list[float], list[float]]:
-    """Train this rank's stage inside the pipeline; returns (losses, seconds per step)."""
-    stage = PipelineStage(stage_mod, stage_index=info.rank, num_stages=info.world_size, device=info.device)
-    schedule = ScheduleGPipe(stage, n_microbatches=args.microbatches, loss_fn=workload.loss_fn)
+    """Train this rank's stage inside the pipeline;
+    returns (losses, seconds per step)."""
+    stage = PipelineStage(
+        stage_mod, stage_index=info.rank, num_stages=info.world_size, device=info.device
+    )
+    schedule = ScheduleGPipe(
+        stage, n_microbatches=args.microbatches, loss_fn=workload.loss_fn
+    )
     opt = torch.optim.AdamW(stage_mod.parameters(), lr=args.lr)
     losses, seconds = [], []
     for step in range(args.steps):
         tokens, targets = workload.make_batch(args, step, info.device)
         opt.zero_grad()
         t0 = time.perf_counter()
-        with precision.autocast(info.device, args.dtype):  # a no-op unless --dtype bfloat16
-            mb_losses = driver.schedule_step(schedule, info, tokens, targets)  # input on stage 0, targets on the last
+        # a no-op unless --dtype bfloat16
+        with precision.autocast(info.device, args.dtype):
+            # input on stage 0, targets on the last
+            mb_losses = driver.schedule_step(schedule, info, tokens, targets)
         opt.step()
         seconds.append(time.perf_counter() - t0)
         losses.append(workload.mean_loss(mb_losses) if mb_losses else float("nan"))

@@ -43,9 +43,11 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
 
 # [start-naive]
 def naive_step(stage_mod, tokens, targets, info, rec: Recorder):
-    """One training step of naive model parallelism; returns the loss on the last rank."""
+    """One training step of naive model parallelism;
+    returns the loss on the last rank."""
     rank, loss = info.rank, None
-    act_shape = (tokens.shape[0], tokens.shape[1], stage_mod.cfg.dim)  # (B, T, C) between stages
+    # (B, T, C) between stages
+    act_shape = (tokens.shape[0], tokens.shape[1], stage_mod.cfg.dim)
     dtype = next(stage_mod.parameters()).dtype
     # === forward: wait for the previous stage, compute, hand on ===
     if info.is_first:
@@ -53,16 +55,19 @@ def naive_step(stage_mod, tokens, targets, info, rec: Recorder):
     else:
         x = torch.empty(act_shape, dtype=dtype, device=info.device)
         dist.recv(x, src=rank - 1)                         # comm: receive activation
-        x.requires_grad_()                                 # we will need d(loss)/dx for the previous stage
+        # we will need d(loss)/dx for the previous stage
+        x.requires_grad_()
     with rec.span(rank, "F", 0):
-        y = stage_mod(x)                                   # compute: forward, (B, T, C) or (B, T, vocab)
+        # compute: forward, (B, T, C) or (B, T, vocab)
+        y = stage_mod(x)
     if not info.is_last:
         dist.send(y.detach(), dst=rank + 1)                # comm: send activation
     # === backward: wait for the next stage's gradient, compute, hand back ===
     if info.is_last:
         loss = workload.loss_fn(y, targets)
         with rec.span(rank, "B", 0):
-            loss.backward()                                # compute: backward from the loss
+            # compute: backward from the loss
+            loss.backward()
     else:
         grad = torch.empty_like(y)
         dist.recv(grad, src=rank + 1)                      # comm: receive d(loss)/dy

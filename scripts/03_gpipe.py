@@ -43,10 +43,12 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 # [start-scratch]
 def gpipe_step(stage_mod, tokens, targets, m, info, rec: Recorder):
-    """One GPipe step by hand: m forwards, then m backwards; returns the last rank's m losses."""
+    """One GPipe step by hand: m forwards, then m
+    backwards; returns the last rank's m losses."""
     rank, sends, inputs, outputs, losses = info.rank, [], [], [], []
     mb_tokens, mb_targets = tokens.chunk(m), targets.chunk(m)   # m x (B/m, T)
-    act_shape = (mb_tokens[0].shape[0], tokens.shape[1], stage_mod.cfg.dim)  # (B/m, T, C)
+    # (B/m, T, C)
+    act_shape = (mb_tokens[0].shape[0], tokens.shape[1], stage_mod.cfg.dim)
     dtype = next(stage_mod.parameters()).dtype
     # === all forwards ===
     for i in range(m):
@@ -54,28 +56,36 @@ def gpipe_step(stage_mod, tokens, targets, m, info, rec: Recorder):
             x = mb_tokens[i]
         else:
             x = torch.empty(act_shape, dtype=dtype, device=info.device)
-            dist.recv(x, src=rank - 1)                      # comm: receive activation i (blocks)
+            # comm: receive activation i (blocks)
+            dist.recv(x, src=rank - 1)
             x.requires_grad_()
         with rec.span(rank, "F", i):
-            y = stage_mod(x)                                # compute: forward of microbatch i
+            # compute: forward of microbatch i
+            y = stage_mod(x)
         if info.is_last:
             losses.append(workload.loss_fn(y, mb_targets[i]))
-        else:   # send without waiting: the next rank may still be busy with microbatch i-1
-            sends.append(dist.isend(y.detach(), dst=rank + 1))  # comm: send activation i
+        else:
+            # send without waiting: the next rank may still be busy with microbatch i-1
+            # comm: send activation i
+            sends.append(dist.isend(y.detach(), dst=rank + 1))
         inputs.append(x)
         outputs.append(y)
     # === all backwards ===
     for i in range(m):
         if info.is_last:
             with rec.span(rank, "B", i):
-                (losses[i] / m).backward()                  # compute: backward; / m is scale_grads
+                # compute: backward; / m is scale_grads
+                (losses[i] / m).backward()
         else:
             grad = torch.empty_like(outputs[i])
-            dist.recv(grad, src=rank + 1)                   # comm: receive d(loss)/dy of i (blocks)
+            # comm: receive d(loss)/dy of i (blocks)
+            dist.recv(grad, src=rank + 1)
             with rec.span(rank, "B", i):
-                outputs[i].backward(grad)                   # compute: backward of microbatch i
+                # compute: backward of microbatch i
+                outputs[i].backward(grad)
         if not info.is_first:
-            sends.append(dist.isend(inputs[i].grad, dst=rank - 1))  # comm: send d(loss)/dx of i
+            # comm: send d(loss)/dx of i
+            sends.append(dist.isend(inputs[i].grad, dst=rank - 1))
     for work in sends:
         work.wait()                                         # comm: every send delivered
     return losses
@@ -88,7 +98,12 @@ def make_runner(impl, m, full, tokens, targets, info):
     rec = Recorder(info.rank)
     if impl == "torch":
         # [start-torch]
-        stage = PipelineStage(stage_mod, stage_index=info.rank, num_stages=info.world_size, device=info.device)
+        stage = PipelineStage(
+            stage_mod,
+            stage_index=info.rank,
+            num_stages=info.world_size,
+            device=info.device,
+        )
         rec.attach(stage)  # time every action the schedule runs on this stage
         schedule = ScheduleGPipe(stage, n_microbatches=m, loss_fn=workload.loss_fn)
         # [end-torch]

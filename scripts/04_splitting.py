@@ -86,11 +86,14 @@ def manual_stage(cfg, args, info) -> nn.Module:
 
 # [start-tracer]
 def traced_stage(full: nn.Module, mb_tokens: torch.Tensor, info):
-    """Trace the whole model on one microbatch, cut it where the manual split cuts, keep a stage."""
+    """Trace the whole model on one microbatch, cut
+    it where the manual split cuts, keep a stage."""
     starts = [layers[0] for layers in assign_layers(len(full.layers), info.world_size)]
     split_spec = {f"layers.{first}": SplitPoint.BEGINNING for first in starts[1:]}
-    pipe = pipeline(full, mb_args=(mb_tokens,), split_spec=split_spec)  # torch.export under the hood
-    return pipe.build_stage(info.rank, device=info.device)  # a PipelineStage around this stage's part
+    # torch.export under the hood
+    pipe = pipeline(full, mb_args=(mb_tokens,), split_spec=split_spec)
+    # a PipelineStage around this stage's part
+    return pipe.build_stage(info.rank, device=info.device)
 # [end-tracer]
 
 
@@ -137,19 +140,28 @@ def layer_ids(names: list[str]) -> list[int]:
 def tied(args, info, tokens, targets) -> dict | None:
     """A Llama whose output head reuses the embedding matrix, split by the tracer."""
     cfg, m = config("llama", args), args.microbatches
-    full = build_model(cfg, seed=args.seed, dtype=precision.param_dtype(args.dtype)).to(info.device)
-    full.output.weight = full.tok_embeddings.weight  # tie: one matrix, used first and last
+    full = build_model(
+        cfg, seed=args.seed, dtype=precision.param_dtype(args.dtype)
+    ).to(info.device)
+    # tie: one matrix, used first and last
+    full.output.weight = full.tok_embeddings.weight
     reference = copy.deepcopy(full)  # deepcopy keeps the tie
     workload.reference_backward(reference, tokens, targets, m)
     stage = traced_stage(copy.deepcopy(full), tokens.chunk(m)[0], info)
     run_pipeline(stage, stage.submod, tokens, targets, m, info)
-    name = "tok_embeddings.weight" if info.is_first else "output.weight" if info.is_last else None
+    name = (
+        "tok_embeddings.weight"
+        if info.is_first
+        else "output.weight" if info.is_last else None
+    )
     grad = dict(stage.submod.named_parameters())[name].grad if name else None
     # The fix: the first and last stages add their gradients of the shared matrix.
-    pair = dist.new_group([0, info.world_size - 1])  # every rank must take part in new_group
+    # every rank must take part in new_group
+    pair = dist.new_group([0, info.world_size - 1])
     summed = grad.clone() if grad is not None else None
     if summed is not None:
-        dist.all_reduce(summed, group=pair)  # comm: sum the two halves of the tied gradient
+        # comm: sum the two halves of the tied gradient
+        dist.all_reduce(summed, group=pair)
 # [end-tied]
     ref = reference.tok_embeddings.weight.grad
     mine = {"rank": info.rank, "name": name,
@@ -175,11 +187,17 @@ def balance(args, info, tokens, targets) -> dict | None:
     # [start-profile]
     seconds = [None]
     if info.rank == 0:  # one rank profiles, alone, on one microbatch; the others wait
-        seconds[0] = split.profile_units(full, tokens.chunk(m)[0], targets.chunk(m)[0], workload.loss_fn)
+        seconds[0] = split.profile_units(
+            full, tokens.chunk(m)[0], targets.chunk(m)[0], workload.loss_fn
+        )
     dist.broadcast_object_list(seconds, src=0)
     params = split.unit_params(full)
-    plans = {policy: split.balance(policy, cfg.n_layers, p, params=params, seconds=seconds[0])
-             for policy in args.policies}
+    plans = {
+        policy: split.balance(
+            policy, cfg.n_layers, p, params=params, seconds=seconds[0]
+        )
+        for policy in args.policies
+    }
     # [end-profile]
     pipes = {}
     for policy, layers in plans.items():

@@ -62,21 +62,29 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
 
 # [start-build]
 def build(name: str, full, args, info, probes) -> tuple:
-    """This rank's stages of the full model, placed as schedule ``name`` needs, and the schedule."""
+    """This rank's stages of the full model, placed
+    as schedule ``name`` needs, and the schedule."""
     p = info.world_size
     indices = stage_indices(name, info.rank, p, args.stages_per_rank)  # V: [r, 2p-1-r]
     num_stages = p * len(indices)
     mods, stages = [], []
     for i in indices:
-        mod = stage_module(copy.deepcopy(full), i, num_stages)  # layers of stage i of num_stages
-        stage = pipelining.PipelineStage(mod, stage_index=i, num_stages=num_stages, device=info.device)
+        # layers of stage i of num_stages
+        mod = stage_module(copy.deepcopy(full), i, num_stages)
+        stage = pipelining.PipelineStage(
+            mod, stage_index=i, num_stages=num_stages, device=info.device
+        )
         for probe in probes:  # the timeline recorder and the activation probe
             probe.attach(stage)
         mods.append(mod)
         stages.append(stage)
     cls = getattr(pipelining, f"Schedule{name}")
     single = issubclass(cls, pipelining.schedules.PipelineScheduleSingle)
-    schedule = cls(stages[0] if single else stages, n_microbatches=args.microbatches, loss_fn=workload.loss_fn)
+    schedule = cls(
+        stages[0] if single else stages,
+        n_microbatches=args.microbatches,
+        loss_fn=workload.loss_fn,
+    )
     return schedule, mods, indices, num_stages
 # [end-build]
 

@@ -106,22 +106,34 @@ def gradient_scaling_cases(info, m: int = 4, seq_len: int = 16, seed: int = 0) -
     cases = {}
     # [start-cases]
     # 1. mean loss per microbatch, scale_grads=True, no padding: the batch mean, right
-    cases["mean loss, scale_grads, no padding"] = diff(pipeline([a_full], microbatch_mean_loss, True), reference([a_full]))
-    # 2. the same with padding: each microbatch weighs the same, whatever its number of tokens
-    cases["mean loss, scale_grads, padding"] = diff(pipeline([a], microbatch_mean_loss, True), reference([a]))
+    cases["mean loss, scale_grads, no padding"] = diff(
+        pipeline([a_full], microbatch_mean_loss, True), reference([a_full])
+    )
+    # 2. the same with padding: each microbatch
+    # weighs the same, whatever its number of tokens
+    cases["mean loss, scale_grads, padding"] = diff(
+        pipeline([a], microbatch_mean_loss, True), reference([a])
+    )
     # 3. the fix: sum over tokens / tokens in the whole batch, scale_grads=False
     token_mean.set_batch(a[1])
-    cases["token-mean loss, no scaling, padding"] = diff(pipeline([a], token_mean, False), reference([a]))
+    cases["token-mean loss, no scaling, padding"] = diff(
+        pipeline([a], token_mean, False), reference([a])
+    )
     # 4. two steps accumulated: scale_grads divides what the first step left by m again
     cases["mean loss, scale_grads, 2 accumulated steps"] = diff(
         pipeline([a_full, b], microbatch_mean_loss, True), reference([a_full, b]))
-    # ... which is exactly the gradient of mean(a) / m + mean(b), not of (mean(a) + mean(b)) / 2
+    # ... which is exactly the gradient of mean(a)
+    # / m + mean(b), not of (mean(a) + mean(b)) / 2
     cases["mean loss, scale_grads, 2 accumulated steps, vs mean(a)/m + mean(b)"] = diff(
-        pipeline([a_full, b], microbatch_mean_loss, True), reference([a_full, b], weights=[1 / m, 1.0]))
-    # 5. the fix: the denominator counts the tokens of every accumulated batch, scale_grads=False
+        pipeline([a_full, b], microbatch_mean_loss, True),
+        reference([a_full, b], weights=[1 / m, 1.0]),
+    )
+    # 5. the fix: the denominator counts the tokens
+    # of every accumulated batch, scale_grads=False
     token_mean.set_batch(a[1], b[1])
-    cases["token-mean loss, no scaling, 2 accumulated steps"] = diff(pipeline([a, b], token_mean, False),
-                                                                   reference([a, b]))
+    cases["token-mean loss, no scaling, 2 accumulated steps"] = diff(
+        pipeline([a, b], token_mean, False), reference([a, b])
+    )
     # [end-cases]
     return cases
 
@@ -136,8 +148,9 @@ def document_mask(doc_ids: torch.Tensor) -> torch.Tensor:
 
 # [start-packed]
 class PackedStage(nn.Module):
-    """A stage of the Llama model whose input and output are (activations, doc_ids): the mask
-    each stage needs travels with the activations. The last stage returns the logits only."""
+    """A stage of the Llama model whose input and output are
+    (activations, doc_ids): the mask each stage needs travels with
+    the activations. The last stage returns the logits only."""
 
     def __init__(self, stage_mod: nn.Module, pass_mask: bool = True):
         super().__init__()
@@ -145,14 +158,17 @@ class PackedStage(nn.Module):
 
     def forward(self, h: torch.Tensor, doc_ids: torch.Tensor | None = None):
         m = self.mod
-        h = m.tok_embeddings(h) if m.tok_embeddings is not None else h  # (b, T) ids -> (b, T, C)
-        mask = document_mask(doc_ids) if doc_ids is not None else None  # (b, 1, T, T); None: causal only
+        # (b, T) ids -> (b, T, C)
+        h = m.tok_embeddings(h) if m.tok_embeddings is not None else h
+        # (b, 1, T, T); None: causal only
+        mask = document_mask(doc_ids) if doc_ids is not None else None
         cos, sin = m.rope_cos[:h.shape[1]], m.rope_sin[:h.shape[1]]
         for layer in m.layers.values():
             h = layer(h, cos, sin, mask)
         if m.output is not None:
             return m.output(m.norm(h))                 # (b, T, vocab) on the last stage
-        return (h, doc_ids) if self.pass_mask else h   # comm: both tensors, or the activations only
+        # comm: both tensors, or the activations only
+        return (h, doc_ids) if self.pass_mask else h
 # [end-packed]
 
 

@@ -124,35 +124,46 @@ def held_out_batches(dataset, args, device) -> list[tuple[torch.Tensor, torch.Te
 
 # [start-eval]
 @torch.no_grad()
-def forward_only_by_hand(stage_mod, info, tokens, targets, m, loss_fn) -> list[torch.Tensor]:
-    """Forward only, for any torch version: each stage receives, computes, sends; no backward."""
+def forward_only_by_hand(
+    stage_mod, info, tokens, targets, m, loss_fn
+) -> list[torch.Tensor]:
+    """Forward only, for any torch version: each
+    stage receives, computes, sends; no backward."""
     losses = []
-    for mb_tokens, mb_targets in zip(tokens.chunk(m), targets.chunk(m)):  # (B/m, T) each
+    # (B/m, T) each
+    for mb_tokens, mb_targets in zip(tokens.chunk(m), targets.chunk(m)):
         if info.is_first:
             x = mb_tokens
         else:
             x = torch.empty(*mb_tokens.shape, stage_mod.cfg.dim, device=info.device,
                             dtype=next(stage_mod.parameters()).dtype)  # (B/m, T, C)
-            dist.recv(x, src=info.rank - 1)                  # comm: activation from the previous stage
+            # comm: activation from the previous stage
+            dist.recv(x, src=info.rank - 1)
         y = stage_mod(x)                                     # compute: forward only
         if info.is_last:
             losses.append(loss_fn(y, mb_targets))
         else:
-            dist.send(y, dst=info.rank + 1)                  # comm: activation to the next stage
+            # comm: activation to the next stage
+            dist.send(y, dst=info.rank + 1)
     return losses
 
 
 def evaluate(schedule, stage_mod, info, batches, loss_fn, args) -> float | None:
-    """Token-mean loss over the held-out batches, through the pipeline (last stage; else None)."""
+    """Token-mean loss over the held-out batches,
+    through the pipeline (last stage; else None)."""
     total, count = 0.0, 0
     for tokens, targets in batches:
         n = loss_fn.set_batch(targets)  # this batch's scored tokens
         if args.eval_impl == "schedule":
             with torch.no_grad(), precision.autocast(info.device, args.dtype):
-                losses = driver.schedule_step(schedule, info, tokens, targets, forward_only=True)
+                losses = driver.schedule_step(
+                    schedule, info, tokens, targets, forward_only=True
+                )
         else:
             with precision.autocast(info.device, args.dtype):
-                losses = forward_only_by_hand(stage_mod, info, tokens, targets, args.microbatches, loss_fn)
+                losses = forward_only_by_hand(
+                    stage_mod, info, tokens, targets, args.microbatches, loss_fn
+                )
         if info.is_last:
             total += torch.stack(losses).sum().item() * n
             count += n
@@ -163,12 +174,21 @@ def evaluate(schedule, stage_mod, info, batches, loss_fn, args) -> float | None:
 def train(args, info, dataset) -> tuple[TrainState, torch.nn.Module]:
     """The pipelined run. Returns the loop's state (metrics included) and this rank's stage."""
     # [start-setup]
-    full = build_model(llama_config(args), seed=args.seed, dtype=precision.param_dtype(args.dtype))  # same on every rank
+    full = build_model(
+        llama_config(args), seed=args.seed, dtype=precision.param_dtype(args.dtype)
+    )  # same on every rank
     stage_mod = stage_module(full, info.rank, info.world_size).to(info.device)
-    stage = PipelineStage(stage_mod, stage_index=info.rank, num_stages=info.world_size, device=info.device)
+    stage = PipelineStage(
+        stage_mod, stage_index=info.rank, num_stages=info.world_size, device=info.device
+    )
     loss_fn = TokenMeanLoss()
-    schedule = SCHEDULE_CLASSES[args.schedule](stage, n_microbatches=args.microbatches, loss_fn=loss_fn,
-                                        scale_grads=False)  # the loss is already divided by the batch's tokens
+    schedule = SCHEDULE_CLASSES[args.schedule](
+        stage,
+        n_microbatches=args.microbatches,
+        loss_fn=loss_fn,
+        # the loss is already divided by the batch's tokens
+        scale_grads=False,
+    )
     params = list(stage_mod.parameters())
     optimizer, scheduler = optimizer_and_scheduler(params, args)
     batches = ppdata.Batches(*dataset.train, args.batch_size, args.seed)
@@ -176,31 +196,47 @@ def train(args, info, dataset) -> tuple[TrainState, torch.nn.Module]:
     state = TrainState()
     # [end-setup]
     # [start-loop]
-    bar = tqdm(range(state.step, args.steps), desc=f"{args.schedule} p={info.world_size}",
-               disable=not info.is_last or bool(os.environ.get("TQDM_DISABLE")), dynamic_ncols=True)
+    bar = tqdm(
+        range(state.step, args.steps),
+        desc=f"{args.schedule} p={info.world_size}",
+        disable=not info.is_last or bool(os.environ.get("TQDM_DISABLE")),
+        dynamic_ncols=True,
+    )
     running = None
     for step in bar:
         t0 = time.perf_counter()
-        tokens, targets = ppdist.on_device(info.device, *batches.next())  # (B, T) each, the same batch on every rank
-        loss_fn.set_batch(targets)                           # how many tokens count in this batch
+        # (B, T) each, the same batch on every rank
+        tokens, targets = ppdist.on_device(info.device, *batches.next())
+        # how many tokens count in this batch
+        loss_fn.set_batch(targets)
         optimizer.zero_grad(set_to_none=True)
-        with precision.autocast(info.device, args.dtype):    # bfloat16 compute, float32 weights
+        # bfloat16 compute, float32 weights
+        with precision.autocast(info.device, args.dtype):
             mb_losses = driver.schedule_step(schedule, info, tokens, targets)
-        norm, stage_norm = clip_grad_norm_global(params, args.clip)  # comm: all-reduce of squared norms
+        # comm: all-reduce of squared norms
+        norm, stage_norm = clip_grad_norm_global(params, args.clip)
         lr = scheduler.get_last_lr()[0]
         optimizer.step()
         scheduler.step()
         record = {"step": step, "lr": lr, "grad_norm": norm, "stage_norm": stage_norm,
                   "seconds": time.perf_counter() - t0}
-        if info.is_last:                                     # only the last stage has the loss
+        # only the last stage has the loss
+        if info.is_last:
             record["loss"] = torch.stack(mb_losses).sum().item()  # = the batch's token mean
-            running = record["loss"] if running is None else 0.9 * running + 0.1 * record["loss"]
+            running = (
+                record["loss"]
+                if running is None
+                else 0.9 * running + 0.1 * record["loss"]
+            )
             bar.set_postfix(loss=f"{running:.3f}", lr=f"{lr:.1e}")
         state.train.append(record)
         state.step, state.data = step + 1, batches.state_dict()
-        if (args.eval_every and state.step % args.eval_every == 0) or state.step == args.steps:
-            state.eval.append({"step": state.step,
-                               "loss": evaluate(schedule, stage_mod, info, held_out, loss_fn, args)})
+        if ((args.eval_every and state.step % args.eval_every == 0)
+                or state.step == args.steps):
+            state.eval.append({
+                "step": state.step,
+                "loss": evaluate(schedule, stage_mod, info, held_out, loss_fn, args),
+            })
     # [end-loop]
     return state, stage_mod
 

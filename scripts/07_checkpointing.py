@@ -146,7 +146,8 @@ def body(args: argparse.Namespace, info) -> int:
     # [start-resume]
     optimizer, scheduler = make_optimizer(model, args)
     train = {"step": 0, "data_position": 0}
-    if args.resume_path is not None:  # any number of stages wrote it; we ask for our tensors by name
+    # any number of stages wrote it; we ask for our tensors by name
+    if args.resume_path is not None:
         train = ckpt.load(args.resume_path, model, optimizer, scheduler, options=options)
         log(f"resumed from {args.resume_path} at step {train['step']} "
             f"(saved by {train['world_size']} ranks, loaded by {info.world_size})")
@@ -176,9 +177,19 @@ def body(args: argparse.Namespace, info) -> int:
         # [start-save]
         if args.save_every and step % args.save_every == 0:
             t0 = time.perf_counter()
-            path = ckpt.save(args.save_dir, step, model, optimizer, scheduler, {"data_position": position},
-                             keep=args.keep, options=options,
-                             before_commit=lambda tmp: maybe_kill(args, info, step, during_save=True))
+            path = ckpt.save(
+                args.save_dir,
+                step,
+                model,
+                optimizer,
+                scheduler,
+                {"data_position": position},
+                keep=args.keep,
+                options=options,
+                before_commit=lambda tmp: maybe_kill(
+                    args, info, step, during_save=True
+                ),
+            )
             saved.append({"path": str(path), "seconds": time.perf_counter() - t0})
             log(f"saved {path} (newest {args.keep} kept)")
         # [end-save]

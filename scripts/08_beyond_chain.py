@@ -59,18 +59,25 @@ class DictOutput(nn.Module):
 
 # [start-train]
 def train_pipeline(stage_mod, args, info, tied_group, sync: bool) -> list[float]:
-    """Train this rank's stage; the stage passes the tuple (h, skip) on, the last returns logits."""
-    stage = PipelineStage(stage_mod, stage_index=info.rank, num_stages=info.world_size, device=info.device)
-    schedule = ScheduleGPipe(stage, n_microbatches=args.microbatches, loss_fn=workload.loss_fn)
+    """Train this rank's stage; the stage passes the
+    tuple (h, skip) on, the last returns logits."""
+    stage = PipelineStage(
+        stage_mod, stage_index=info.rank, num_stages=info.world_size, device=info.device
+    )
+    schedule = ScheduleGPipe(
+        stage, n_microbatches=args.microbatches, loss_fn=workload.loss_fn
+    )
     opt = torch.optim.AdamW(stage_mod.parameters(), lr=args.lr)
     losses = []
     for step in range(args.steps):
         tokens, targets = workload.make_batch(args, step, info.device)  # (B, T), (B, T)
         opt.zero_grad()
-        with precision.autocast(info.device, args.dtype):  # a no-op unless --dtype bfloat16
+        # a no-op unless --dtype bfloat16
+        with precision.autocast(info.device, args.dtype):
             mb_losses = driver.schedule_step(schedule, info, tokens, targets)
         if sync:
-            sync_tied_grads(stage_mod, tied_group)  # comm: first + last stage's tied grads
+            # comm: first + last stage's tied grads
+            sync_tied_grads(stage_mod, tied_group)
         opt.step()
         losses.append(workload.mean_loss(mb_losses) if mb_losses else float("nan"))
     return losses

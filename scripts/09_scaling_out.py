@@ -94,9 +94,10 @@ def digest(weights: dict[str, torch.Tensor]) -> str:
 
 # [start-shard]
 def shard_stage(stage_mod, dp_mesh, wrap: str = "blocks") -> None:
-    """FSDP2 over the replicas of this stage, wrapped as torchtitan wraps a model: each block its own
-    group, gathered just before it runs and freed after its forward (unless ``blocks-keep``), then
-    the stage, whose group holds the rest (embedding, norm, head) and stays gathered through the step."""
+    """FSDP2 over the replicas of this stage, wrapped as torchtitan wraps a model: each
+    block its own group, gathered just before it runs and freed after its forward
+    (unless ``blocks-keep``), then the stage, whose group holds the rest (embedding,
+    norm, head) and stays gathered through the step."""
     if wrap != "stage":
         for block in stage_mod.layers.values():
             fully_shard(block, mesh=dp_mesh, reshard_after_forward=wrap == "blocks")
@@ -108,41 +109,64 @@ def shard_stage(stage_mod, dp_mesh, wrap: str = "blocks") -> None:
 def build_replicated_stage(args, info):
     """This rank's pipeline stage, replicated over its data-parallel group."""
     pp = info.world_size // args.dp
-    mesh = init_device_mesh(info.device.type, (args.dp, pp), mesh_dim_names=("dp", "pp"))
-    dp_rank, pp_rank = mesh.get_local_rank("dp"), mesh.get_local_rank("pp")  # row, column of the mesh
-    stage_mod = stage_module(workload.full_model(args, info.device), pp_rank, pp)  # same seed on every rank
-    # FSDP2 shards this stage over the replicas holding the same stage (a mesh column) and
-    # reduce-scatters (averages) their gradients after the last microbatch's backward
+    mesh = init_device_mesh(
+        info.device.type, (args.dp, pp), mesh_dim_names=("dp", "pp")
+    )
+    # row, column of the mesh
+    dp_rank, pp_rank = mesh.get_local_rank("dp"), mesh.get_local_rank("pp")
+    # same seed on every rank
+    stage_mod = stage_module(workload.full_model(args, info.device), pp_rank, pp)
+    # FSDP2 shards this stage over the replicas holding the
+    # same stage (a mesh column) and reduce-scatters (averages)
+    # their gradients after the last microbatch's backward
     wrapped = stage_mod
     if args.dp > 1 and args.replicate == "fsdp":
-        shard_stage(stage_mod, mesh["dp"], args.fsdp_wrap)  # in place: stage_mod's parameters become shards
+        # in place: stage_mod's parameters become shards
+        shard_stage(stage_mod, mesh["dp"], args.fsdp_wrap)
     elif args.dp > 1:  # what fails in torch 2.13 (chapter 9)
         wrapped = DDP(stage_mod, process_group=mesh.get_group("dp"))
-    stage = PipelineStage(wrapped, stage_index=pp_rank, num_stages=pp, device=info.device,
-                          group=mesh.get_group("pp"))  # sends and receives along a mesh row
+    stage = PipelineStage(
+        wrapped,
+        stage_index=pp_rank,
+        num_stages=pp,
+        device=info.device,
+        # sends and receives along a mesh row
+        group=mesh.get_group("pp"),
+    )
     return stage, stage_mod, mesh, dp_rank, pp_rank
 # [end-mesh]
 
 
 # [start-train]
 def train(args: argparse.Namespace, info: ppdist.DistInfo) -> dict | None:
-    """The training function: the same under torchrun, on several nodes and under Ray Train."""
+    """The training function: the same under torchrun,
+    on several nodes and under Ray Train."""
     if info.device.type == "cpu":
-        torch.set_num_threads(1)  # the same kernels, hence the same bits, whatever the launcher
+        # the same kernels, hence the same bits, whatever the launcher
+        torch.set_num_threads(1)
     stage, stage_mod, mesh, dp_rank, pp_rank = build_replicated_stage(args, info)
-    schedule = ScheduleGPipe(stage, n_microbatches=args.microbatches, loss_fn=workload.loss_fn)
+    schedule = ScheduleGPipe(
+        stage, n_microbatches=args.microbatches, loss_fn=workload.loss_fn
+    )
     opt = torch.optim.AdamW(stage_mod.parameters(), lr=args.lr)
     where = types.SimpleNamespace(is_first=stage.is_first, is_last=stage.is_last)
     losses, t0 = [], time.perf_counter()
     for step in tqdm(range(args.steps), desc="PP x DP steps", disable=info.rank != 0):
-        tokens, targets = workload.make_batch(args, step, info.device)  # combined batch (B, T), every rank
-        mine = tokens.chunk(args.dp)[dp_rank], targets.chunk(args.dp)[dp_rank]  # (B/dp, T) each
+        # combined batch (B, T), every rank
+        tokens, targets = workload.make_batch(args, step, info.device)
+        # (B/dp, T) each
+        mine = tokens.chunk(args.dp)[dp_rank], targets.chunk(args.dp)[dp_rank]
         opt.zero_grad()
-        with precision.autocast(info.device, args.dtype):  # a no-op unless --dtype bfloat16
-            mb_losses = driver.schedule_step(schedule, where, *mine)  # FSDP reduces after the last backward
+        # a no-op unless --dtype bfloat16
+        with precision.autocast(info.device, args.dtype):
+            # FSDP reduces after the last backward
+            mb_losses = driver.schedule_step(schedule, where, *mine)
         opt.step()
-        loss = torch.tensor([workload.mean_loss(mb_losses) if mb_losses else 0.0], dtype=torch.float64,
-                            device=info.device)  # NCCL reduces only GPU tensors
+        loss = torch.tensor(
+            [workload.mean_loss(mb_losses) if mb_losses else 0.0],
+            dtype=torch.float64,
+            device=info.device,
+        )  # NCCL reduces only GPU tensors
         dist.all_reduce(loss)  # comm: the last stages' losses (the others add zero)
         losses.append(loss.item() / args.dp)
     # [end-train]
@@ -227,21 +251,32 @@ def body(args: argparse.Namespace, info: ppdist.DistInfo) -> int:
 
 # [start-ray]
 def ray_worker(config: dict) -> None:
-    """What each Ray Train worker runs: Ray has already joined the process group (gloo or NCCL)."""
+    """What each Ray Train worker runs: Ray has already
+    joined the process group (gloo or NCCL)."""
     import ray.train
     import ray.train.torch
 
     args = argparse.Namespace(**config)
     context = ray.train.get_context()
-    device = ray.train.torch.get_device() if args.device == "cuda" else torch.device("cpu")
-    info = ppdist.DistInfo(dist.get_rank(), dist.get_world_size(), context.get_local_rank(), device,
-                           dist.get_backend())
+    device = (
+        ray.train.torch.get_device() if args.device == "cuda" else torch.device("cpu")
+    )
+    info = ppdist.DistInfo(
+        dist.get_rank(),
+        dist.get_world_size(),
+        context.get_local_rank(),
+        device,
+        dist.get_backend(),
+    )
     result = train(args, info)  # the same function torchrun runs
-    with tempfile.TemporaryDirectory() as folder:  # every worker reports; rank 0 attaches the result
+    # every worker reports; rank 0 attaches the result
+    with tempfile.TemporaryDirectory() as folder:
         if result is not None:
             with open(os.path.join(folder, "result.json"), "w") as f:
                 json.dump(result, f)
-        checkpoint = ray.train.Checkpoint.from_directory(folder) if result is not None else None
+        checkpoint = (
+            ray.train.Checkpoint.from_directory(folder) if result is not None else None
+        )
         ray.train.report({"step": args.steps}, checkpoint=checkpoint)
 
 
@@ -252,17 +287,26 @@ def run_with_ray(args: argparse.Namespace) -> dict:
 
     if args.ray_address:  # a cluster of GPU nodes (scripts/09_ray_cluster.yaml)
         ray.init(address=args.ray_address)
-    else:  # this machine: one CPU slot per worker, no dashboard (start-up time on a laptop)
+    else:
+        # this machine: one CPU slot per worker, no dashboard
+        # (start-up time on a laptop)
         ray.init(num_cpus=args.ray_workers, include_dashboard=False)
     try:
         with tempfile.TemporaryDirectory(prefix="ppbook-ray-") as storage:
             trainer = TorchTrainer(
-                ray_worker, train_loop_config=vars(args),
-                scaling_config=ScalingConfig(num_workers=args.ray_workers, use_gpu=args.device == "cuda"),
-                torch_config=TorchConfig(backend="nccl" if args.device == "cuda" else "gloo",
-                                         timeout_s=int(args.timeout)),
-                run_config=RunConfig(storage_path=storage, name="pp-dp"))
-            with trainer.fit().checkpoint.as_directory() as folder:  # rank 0's, copied to storage
+                ray_worker,
+                train_loop_config=vars(args),
+                scaling_config=ScalingConfig(
+                    num_workers=args.ray_workers, use_gpu=args.device == "cuda"
+                ),
+                torch_config=TorchConfig(
+                    backend="nccl" if args.device == "cuda" else "gloo",
+                    timeout_s=int(args.timeout),
+                ),
+                run_config=RunConfig(storage_path=storage, name="pp-dp"),
+            )
+            # rank 0's, copied to storage
+            with trainer.fit().checkpoint.as_directory() as folder:
                 with open(os.path.join(folder, "result.json")) as f:
                     return json.load(f)
     finally:

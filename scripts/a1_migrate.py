@@ -82,16 +82,25 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
 
 # [start-model]
 def build_model(args: argparse.Namespace) -> nn.Sequential:
-    """The kind of model the old Pipe took: an nn.Sequential, cut between its children."""
+    """The kind of model the old Pipe took: an
+    nn.Sequential, cut between its children."""
     torch.manual_seed(args.seed)
-    blocks = [nn.Sequential(nn.Linear(args.dim, args.dim), nn.Tanh()) for _ in range(args.layers - 1)]
-    return nn.Sequential(*blocks, nn.Linear(args.dim, args.dim)).to(precision.param_dtype(args.dtype))
+    blocks = [
+        nn.Sequential(nn.Linear(args.dim, args.dim), nn.Tanh())
+        for _ in range(args.layers - 1)
+    ]
+    return nn.Sequential(
+        *blocks, nn.Linear(args.dim, args.dim)
+    ).to(precision.param_dtype(args.dtype))
 # [end-model]
 
 
 # [start-balance]
-def layers_of_stages(balance: list[int] | None, n_layers: int, num_stages: int) -> list[list[int]]:
-    """balance=[1, 1] -> [[0], [1]]: the children each stage keeps. Without a balance, an even split."""
+def layers_of_stages(
+    balance: list[int] | None, n_layers: int, num_stages: int
+) -> list[list[int]]:
+    """balance=[1, 1] -> [[0], [1]]: the children each
+    stage keeps. Without a balance, an even split."""
     if balance is None:
         return assign_layers(n_layers, num_stages)
     starts = [sum(balance[:i]) for i in range(len(balance))]
@@ -99,7 +108,8 @@ def layers_of_stages(balance: list[int] | None, n_layers: int, num_stages: int) 
 
 
 def keep_only(model: nn.Sequential, owned: list[int]) -> nn.Sequential:
-    """This stage: the children it owns, the others replaced by Identity so names stay ("1.weight")."""
+    """This stage: the children it owns, the others
+    replaced by Identity so names stay ("1.weight")."""
     for i in range(len(model)):
         if i not in owned:
             model[i] = nn.Identity()
@@ -129,29 +139,39 @@ def mse(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 
 # [start-after]
-def train_pipeline(stage_mod: nn.Module, args, info) -> tuple[list[float], torch.Tensor | None]:
-    """What replaces ``Pipe(...)``, ``pipe(x)`` and ``loss.backward()``: returns the losses and the
-    last stage's output of the first step (the old ``pipe(x).local_value()``)."""
-    stage = PipelineStage(stage_mod, stage_index=info.rank, num_stages=info.world_size, device=info.device)
-    schedule = ScheduleGPipe(stage, n_microbatches=args.chunks, loss_fn=mse)  # chunks -> n_microbatches
+def train_pipeline(
+    stage_mod: nn.Module, args, info
+) -> tuple[list[float], torch.Tensor | None]:
+    """What replaces ``Pipe(...)``, ``pipe(x)`` and ``loss.backward()``: returns the
+    losses and the last stage's output of the first step (the old
+    ``pipe(x).local_value()``)."""
+    stage = PipelineStage(
+        stage_mod, stage_index=info.rank, num_stages=info.world_size, device=info.device
+    )
+    # chunks -> n_microbatches
+    schedule = ScheduleGPipe(stage, n_microbatches=args.chunks, loss_fn=mse)
     opt = torch.optim.SGD(stage_mod.parameters(), lr=args.lr)
     losses, first_output = [], None
     for step in range(args.steps):
         x, y = make_batch(args, step, info.device)
         opt.zero_grad()
         mb_losses = []
-        with precision.autocast(info.device, args.dtype):          # a no-op unless --dtype bfloat16
+        # a no-op unless --dtype bfloat16
+        with precision.autocast(info.device, args.dtype):
             if info.is_first and info.is_last:
                 out = schedule.step(x, target=y, losses=mb_losses)
             elif info.is_first:
-                out = schedule.step(x)                             # only stage 0 gets the input
+                # only stage 0 gets the input
+                out = schedule.step(x)
             elif info.is_last:
-                out = schedule.step(target=y, losses=mb_losses)   # only the last stage the target
+                # only the last stage the target
+                out = schedule.step(target=y, losses=mb_losses)
             else:
                 out = schedule.step()
         opt.step()
         if step == 0 and info.is_last:
-            first_output = out.detach()                           # (B, D), merged from the microbatches
+            # (B, D), merged from the microbatches
+            first_output = out.detach()
         losses.append(workload.mean_loss(mb_losses) if mb_losses else float("nan"))
     return losses, first_output
 # [end-after]

@@ -51,14 +51,25 @@ def validate(args: argparse.Namespace, num_stages: int) -> None:
 
 def wrong_v_placement(args, info, tokens, targets) -> int:
     p = info.world_size
-    mine = (info.rank, info.rank + p)  # the mistake: interleaved (0, 2), (1, 3), not stages.stage_indices's V
-    # Nothing checks the placement: the ranks then exchange the wrong messages and one of them reads a
-    # garbage object size. Bound this process's memory so that allocation fails at once.
+    # the mistake: interleaved (0, 2), (1, 3), not stages.stage_indices's V
+    mine = (info.rank, info.rank + p)
+    # Nothing checks the placement: the ranks then exchange the
+    # wrong messages and one of them reads a garbage object size.
+    # Bound this process's memory so that allocation fails at once.
     limit = _address_space() + SPARE_BYTES
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    stages = [PipelineStage(stage_module(workload.full_model(args, info.device), s, 2 * p), s, 2 * p, info.device)
-              for s in mine]
-    schedule = ScheduleZBVZeroBubble(stages, n_microbatches=args.microbatches, loss_fn=workload.loss_fn)
+    stages = [
+        PipelineStage(
+            stage_module(workload.full_model(args, info.device), s, 2 * p),
+            s,
+            2 * p,
+            info.device,
+        )
+        for s in mine
+    ]
+    schedule = ScheduleZBVZeroBubble(
+        stages, n_microbatches=args.microbatches, loss_fn=workload.loss_fn
+    )
     driver.schedule_step(schedule, info, tokens, targets)
     return 0
 
@@ -69,9 +80,10 @@ def _address_space() -> int:
 
 
 def hang(schedule, stage, info, tokens, targets, dump_dir: str | None) -> int:
-    """Step 0 runs on both ranks; at step 1 the last rank calls a barrier instead of ``step`` (as code
-    that evaluates on the last rank only would). Both ranks wait for each other until the process
-    group's timeout; each then prints what it last did, like a flight recorder."""
+    """Step 0 runs on both ranks; at step 1 the last rank calls a barrier
+    instead of ``step`` (as code that evaluates on the last rank only
+    would). Both ranks wait for each other until the process group's
+    timeout; each then prints what it last did, like a flight recorder."""
     rec = timeline.Recorder(info.rank)
     rec.attach(stage)
     step = 0
@@ -79,21 +91,30 @@ def hang(schedule, stage, info, tokens, targets, dump_dir: str | None) -> int:
         for step in range(2):
             rec.start_step()
             if step == 1 and info.is_last:
-                dist.barrier()                                  # the mistake: a collective rank 0 never joins
+                # the mistake: a collective rank 0 never joins
+                dist.barrier()
             else:
                 driver.schedule_step(schedule, info, tokens, targets)
     except Exception as err:
         done = " ".join(e.label for e in rec.events) or "nothing"
         message = errors.without_source_path(str(err).splitlines()[0])
-        # one write of the whole line: both ranks may report at the same moment, and print()
-        # writes the newline separately, so two ranks' lines could run into one
-        sys.stdout.write(f"[flight record] rank {info.rank}, step {step}: completed {done}; then "
-                         f"{type(err).__name__}: {message[:150]}\n")
+        # one write of the whole line: both ranks may report at the same moment, and
+        # print() writes the newline separately, so two ranks' lines could run into one
+        sys.stdout.write(
+            f"[flight record] rank {info.rank}, step {step}: completed {done}; then "
+            f"{type(err).__name__}: {message[:150]}\n"
+        )
         sys.stdout.flush()
         if dump_dir:  # one file per rank, readable after every process has died
-            cli.write_json(os.path.join(dump_dir, f"rank{info.rank}.json"), {
-                "rank": info.rank, "step": step, "completed": timeline.to_json(rec.events),
-                "error": f"{type(err).__name__}: {message}"})
+            cli.write_json(
+                os.path.join(dump_dir, f"rank{info.rank}.json"),
+                {
+                    "rank": info.rank,
+                    "step": step,
+                    "completed": timeline.to_json(rec.events),
+                    "error": f"{type(err).__name__}: {message}",
+                },
+            )
         raise
     return 0
 

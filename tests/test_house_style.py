@@ -3,10 +3,14 @@
 import ast
 import re
 import subprocess
+import sys
 
 import pytest
 
 from conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "tools"))
+from long_listings import WIDTH, long_lines  # noqa: E402  (the one resolver of shown lines)
 
 # chapters (NN_slug) and appendices (aN_slug), with their companion scripts
 CHAPTERS = sorted((ROOT / "book").glob("[0-9][0-9]_*.md")) + sorted((ROOT / "book").glob("a[0-9]_*.md"))
@@ -45,3 +49,31 @@ def test_script_shape(script):
                                  ast.AnnAssign, ast.If, ast.Expr)), ast.dump(node)[:80]
     # chapter and script numbers match
     assert any(c.name[:2] == script.name[:2] for c in CHAPTERS)
+
+
+def check_listings_fit(root) -> None:
+    """Every line a chapter under ``root`` shows with ``{literalinclude}`` fits the page's code
+    width; otherwise the reader sees it cut off behind a scroll bar."""
+    rows = long_lines(WIDTH, root)
+    assert not rows, (f"{len(rows)} shown lines over {WIDTH} characters (re-wrap them; "
+                      f"PYTHONPATH=src python tools/long_listings.py lists them): "
+                      + ", ".join(f"{path}:{number} ({length})" for path, number, length in rows[:10]))
+
+
+def test_listings_fit_the_page():
+    check_listings_fit(ROOT)
+
+
+def test_listings_fit_fails_on_a_long_shown_line(tmp_path):
+    """The check fails on a shown line over the width, and only on a shown one."""
+    (tmp_path / "book").mkdir()
+    (tmp_path / "book" / "01_x.md").write_text("```{literalinclude} ../s.py\n:pyobject: f\n```\n")
+    script = tmp_path / "s.py"
+    script.write_text("def f():\n    return 1\n\n\ndef g():\n    return '" + "y" * 100 + "'\n")
+    check_listings_fit(tmp_path)  # g's long line is not shown
+    code = "    return 1  # "
+    script.write_text("def f():\n" + code + "c" * (WIDTH - len(code)) + "\n")
+    check_listings_fit(tmp_path)  # exactly WIDTH characters still fit
+    script.write_text("def f():\n" + code + "c" * (WIDTH + 1 - len(code)) + "\n")
+    with pytest.raises(AssertionError, match=r"s\.py:2 \(" + str(WIDTH + 1) + r"\)"):
+        check_listings_fit(tmp_path)

@@ -73,8 +73,13 @@ class ActivationProbe:
             if storage.data_ptr() in params:
                 return t
             key = (stage, mb, storage.data_ptr())
-            if self._refs.get(key, 0) == 0:  # a storage saved twice (views, reused inputs) counts once
-                self.events.append(MemoryEvent(self.rank, stage, mb, time.perf_counter(), storage.nbytes()))
+            # a storage saved twice (views, reused inputs) counts once
+            if self._refs.get(key, 0) == 0:
+                self.events.append(
+                    MemoryEvent(
+                        self.rank, stage, mb, time.perf_counter(), storage.nbytes()
+                    )
+                )
             self._refs[key] = self._refs.get(key, 0) + 1
             held = _Held(t)
             weakref.finalize(held, self._release, key, storage.nbytes())

@@ -117,46 +117,73 @@ def set_rng_state(state: dict) -> None:
 
 
 # --- save ------------------------------------------------------------------------------------
-def save(root: str | Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
-         scheduler=None, extra: dict | None = None, keep: int = 2, options: StateDictOptions = FLAT,
-         before_commit: Callable[[Path], None] | None = None) -> Path:
-    """Save this rank's stage and optimizer, and the train state, as checkpoint ``step``; every rank calls it.
+def save(
+    root: str | Path,
+    step: int,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler=None,
+    extra: dict | None = None,
+    keep: int = 2,
+    options: StateDictOptions = FLAT,
+    before_commit: Callable[[Path], None] | None = None,
+) -> Path:
+    """Save this rank's stage and optimizer, and the train state, as checkpoint
+    ``step``; every rank calls it.
 
-    Each rank writes its own tensors in parallel (DCP) into ``root/.tmp-step-NNNNNN``, hashes the
-    files it wrote, and rank 0 writes the train state and the manifest and commits the folder by
-    renaming it to ``root/step-NNNNNN``; then only the newest ``keep`` checkpoints are kept.
-    ``before_commit(tmp)`` runs on every rank after its shard is written (for fault injection).
-    Works in one process without a process group too.
+    Each rank writes its own tensors in parallel (DCP) into
+    ``root/.tmp-step-NNNNNN``, hashes the files it wrote, and rank 0 writes
+    the train state and the manifest and commits the folder by renaming it to
+    ``root/step-NNNNNN``; then only the newest ``keep`` checkpoints are kept.
+    ``before_commit(tmp)`` runs on every rank after its shard is written (for
+    fault injection). Works in one process without a process group too.
     """
     root, rank = Path(root), _rank()
     tmp, final = root / f".tmp-step-{step:06d}", step_dir(root, step)
     if rank == 0:
         root.mkdir(parents=True, exist_ok=True)
-        if tmp.exists():  # left by an earlier attempt that was killed while saving this step
+        # left by an earlier attempt that was killed while saving this step
+        if tmp.exists():
             shutil.rmtree(tmp)
     if _distributed():
         dist.barrier()  # nobody writes into the folder while rank 0 clears it
     model_sd, optim_sd = get_state_dict(model, optimizer, options=options)
-    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=tmp)  # every rank writes __<rank>_*.distcp
-    mine = {"files": _describe(tmp, sorted(f.name for f in tmp.glob(f"__{rank}_*.distcp"))), "rng": rng_state()}
+    # every rank writes __<rank>_*.distcp
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=tmp)
+    mine = {
+        "files": _describe(tmp, sorted(f.name for f in tmp.glob(f"__{rank}_*.distcp"))),
+        "rng": rng_state(),
+    }
     if before_commit is not None:
         before_commit(tmp)
     everyone = [None] * dist.get_world_size() if _distributed() else [mine]
     if _distributed():
-        dist.all_gather_object(everyone, mine)  # each rank hashed its own files: in parallel, like the writes
+        # each rank hashed its own files: in parallel, like the writes
+        dist.all_gather_object(everyone, mine)
     if rank == 0:
-        train = {"step": step, "world_size": len(everyone), "rng": [e["rng"] for e in everyone],
-                 "scheduler": scheduler.state_dict() if scheduler is not None else None, **(extra or {})}
+        train = {
+            "step": step,
+            "world_size": len(everyone),
+            "rng": [e["rng"] for e in everyone],
+            "scheduler": scheduler.state_dict() if scheduler is not None else None,
+            **(extra or {}),
+        }
         torch.save(train, tmp / TRAIN_STATE)
         files = {n: d for e in everyone for n, d in e["files"].items()}
         files.update(_describe(tmp, [".metadata", TRAIN_STATE]))
         manifest = tmp / MANIFEST
-        manifest.write_text(json.dumps({"step": step, "world_size": len(everyone), "files": files}, indent=1))
-        for f in tmp.iterdir():  # on disk before the rename makes the checkpoint visible
+        manifest.write_text(
+            json.dumps(
+                {"step": step, "world_size": len(everyone), "files": files}, indent=1
+            )
+        )
+        # on disk before the rename makes the checkpoint visible
+        for f in tmp.iterdir():
             with open(f, "rb") as fh:
                 os.fsync(fh.fileno())
         if final.exists():
-            shutil.rmtree(final)  # the same step saved again (a rerun): the new one replaces it
+            # the same step saved again (a rerun): the new one replaces it
+            shutil.rmtree(final)
         os.replace(tmp, final)  # the commit: atomic on a POSIX file system
         _fsync_dir(root)
         for old in committed(root)[:-keep] if keep > 0 else []:
@@ -272,20 +299,35 @@ def find_resume(root: str | Path | None, which: str | None, report: Callable[[st
 
 
 # --- load ------------------------------------------------------------------------------------
-def load(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler=None,
-         options: StateDictOptions = FLAT, restore_rng: bool = True) -> dict:
-    """Load checkpoint ``path`` into this rank's stage, optimizer and scheduler; return the train state.
+def load(
+    path: str | Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler=None,
+    options: StateDictOptions = FLAT,
+    restore_rng: bool = True,
+) -> dict:
+    """Load checkpoint ``path`` into this rank's stage,
+    optimizer and scheduler; return the train state.
 
-    The stage asks for exactly the tensors it owns, by name, so the checkpoint may come from any
-    number of stages (resharding) and this may be one process without a process group. RNG
-    states are restored per rank when the number of ranks is unchanged, otherwise rank 0's are.
+    The stage asks for exactly the tensors it owns, by name, so the
+    checkpoint may come from any number of stages (resharding) and this may
+    be one process without a process group. RNG states are restored per
+    rank when the number of ranks is unchanged, otherwise rank 0's are.
     """
     path = Path(path)
     verify(path)
     model_sd, optim_sd = get_state_dict(model, optimizer, options=options)
     state = {"model": model_sd, "optim": optim_sd}
-    dcp.load(state, checkpoint_id=path)  # reads only this stage's tensors, from whichever files hold them
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=options)
+    # reads only this stage's tensors, from whichever files hold them
+    dcp.load(state, checkpoint_id=path)
+    set_state_dict(
+        model,
+        optimizer,
+        model_state_dict=state["model"],
+        optim_state_dict=state["optim"],
+        options=options,
+    )
     train = torch.load(path / TRAIN_STATE, weights_only=True)
     if scheduler is not None and train["scheduler"] is not None:
         scheduler.load_state_dict(train["scheduler"])

@@ -168,11 +168,16 @@ def encode_rows(tok, docs: list[str], seq_len: int) -> tuple[torch.Tensor, torch
     return torch.tensor(rows, dtype=torch.long), torch.tensor(lengths, dtype=torch.long)
 
 
-def inputs_and_targets(rows: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """tokens (B, T) and targets (B, T), the targets of padded positions set to IGNORE_INDEX."""
-    tokens, targets = rows[:, :-1].contiguous(), rows[:, 1:].clone()  # (B, T) each; contiguous: torch 2.11 checks strides
+def inputs_and_targets(
+    rows: torch.Tensor, lengths: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """tokens (B, T) and targets (B, T), the targets
+    of padded positions set to IGNORE_INDEX."""
+    # (B, T) each; contiguous: torch 2.11 checks strides
+    tokens, targets = rows[:, :-1].contiguous(), rows[:, 1:].clone()
     positions = torch.arange(targets.shape[1])  # (T,)
-    targets[positions[None, :] >= (lengths[:, None] - 1)] = IGNORE_INDEX  # target j is row[j + 1]
+    # target j is row[j + 1]
+    targets[positions[None, :] >= (lengths[:, None] - 1)] = IGNORE_INDEX
     return tokens, targets
 
 

@@ -97,16 +97,22 @@ def schedule_backend_problem(name: str, device: torch.device) -> str | None:
 
 
 def restarted_store(rank: int, world_size: int, timeout_s: float):
-    """After torchrun restarted the group (``--max-restarts``), its store, or ``None`` on a first start.
+    """After torchrun restarted the group (``--max-restarts``),
+    its store, or ``None`` on a first start.
 
-    torchrun 2.13 keeps one store for all attempts, so a restarted gloo group can read the
-    addresses the killed group published there and fail with "Gloo connectFullMesh failed ...
-    Connection refused". A prefix per attempt gives each attempt keys of its own (chapter 7).
+    torchrun 2.13 keeps one store for all attempts, so a restarted gloo
+    group can read the addresses the killed group published there and fail
+    with "Gloo connectFullMesh failed ... Connection refused". A prefix
+    per attempt gives each attempt keys of its own (chapter 7).
     """
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     if attempt == 0:
         return None
-    store, _, _ = next(dist.rendezvous("env://", rank, world_size, timeout=timedelta(seconds=timeout_s)))
+    store, _, _ = next(
+        dist.rendezvous(
+            "env://", rank, world_size, timeout=timedelta(seconds=timeout_s)
+        )
+    )
     return dist.PrefixStore(f"/ppbook/attempt_{attempt}", store)
 
 

@@ -28,11 +28,17 @@ def rank_errors(output: str) -> dict[int, tuple[str, str]]:
 
 
 def root_cause(output: str) -> tuple[int, str, str] | None:
-    """``(rank, exception type, message)`` of the rank whose error is not a consequence of a peer's
-    crash; ``None`` when no rank printed an exception."""
+    """``(rank, exception type, message)`` of the rank whose error is not a consequence
+    of a peer's crash; ``None`` when no rank printed an exception."""
     errors = rank_errors(output)
-    own = [(r, t, msg) for r, (t, msg) in errors.items() if not any(c in msg for c in CONSEQUENCES)]
-    return own[0] if own else next(((r, t, msg) for r, (t, msg) in errors.items()), None)
+    own = [
+        (r, t, msg)
+        for r, (t, msg) in errors.items()
+        if not any(c in msg for c in CONSEQUENCES)
+    ]
+    return (
+        own[0] if own else next(((r, t, msg) for r, (t, msg) in errors.items()), None)
+    )
 
 
 def surfaced(output: str, kind: str, message: str, rank: int | None = None) -> bool:

@@ -119,16 +119,20 @@ class GPT(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.tok_embeddings: nn.Module | None = GPTEmbedding(cfg)
-        self.layers = nn.ModuleDict({str(i): GPTBlock(cfg) for i in range(cfg.n_layers)})
+        self.layers = nn.ModuleDict(
+            {str(i): GPTBlock(cfg) for i in range(cfg.n_layers)}
+        )
         self.norm: nn.Module | None = nn.LayerNorm(cfg.dim)
         self.output: nn.Module | None = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        h = self.tok_embeddings(h) if self.tok_embeddings is not None else h  # (B, T) ids -> (B, T, C)
+        # (B, T) ids -> (B, T, C)
+        h = self.tok_embeddings(h) if self.tok_embeddings is not None else h
         for layer in self.layers.values():
             h = layer(h)  # (B, T, C)
         h = self.norm(h) if self.norm is not None else h
-        return self.output(h) if self.output is not None else h  # (B, T, vocab) on the last stage
+        # (B, T, vocab) on the last stage
+        return self.output(h) if self.output is not None else h
 
 
 # ---------------------------------------------------------------------------------------------

@@ -79,17 +79,19 @@ def tied_parameter(stage_mod: SkipGPT) -> nn.Parameter | None:
 
 
 def sync_tied_grads(stage_mod: SkipGPT, group: dist.ProcessGroup | None) -> None:
-    """Sum the tied weight's gradient over the first and last stage, after backward, before the step.
+    """Sum the tied weight's gradient over the first
+    and last stage, after backward, before the step.
 
-    In one process the shared weight's gradient is the sum of its two uses. Split across two
-    stages, each copy sees one use; summing makes both copies' gradients that full gradient, so
-    the same optimizer step keeps them equal. ``group`` holds exactly the ranks of
-    :func:`tied_group_ranks` (``None`` on ranks outside it, which do nothing). With one stage the
-    weight is one Parameter already and there is nothing to do.
+    In one process the shared weight's gradient is the sum of its two uses. Split across
+    two stages, each copy sees one use; summing makes both copies' gradients that full
+    gradient, so the same optimizer step keeps them equal. ``group`` holds exactly the
+    ranks of :func:`tied_group_ranks` (``None`` on ranks outside it, which do nothing).
+    With one stage the weight is one Parameter already and there is nothing to do.
     """
     param = tied_parameter(stage_mod)
     if param is None or group is None or dist.get_world_size(group) == 1:
         return
     if param.grad is None:
         param.grad = torch.zeros_like(param)
-    dist.all_reduce(param.grad, op=dist.ReduceOp.SUM, group=group)  # comm: embedding grad + head grad
+    # comm: embedding grad + head grad
+    dist.all_reduce(param.grad, op=dist.ReduceOp.SUM, group=group)

@@ -195,17 +195,25 @@ def init_buffers(model: nn.Module) -> nn.Module:
     return model
 
 
-def build_stage_on_meta(cfg: GPTConfig | LlamaConfig, seed: int, stage_index: int, num_stages: int,
-                        layers: list[int] | None = None, dtype: torch.dtype = torch.float32,
-                        device: torch.device | str = "cpu") -> nn.Module:
-    """Stage ``stage_index`` with exactly the weights of ``build_model(cfg, seed)``'s same parts,
-    without ever holding the full model: built on the meta device (shapes, no storage), cut,
-    then given storage with ``to_empty`` and initialised by parameter name."""
+def build_stage_on_meta(
+    cfg: GPTConfig | LlamaConfig,
+    seed: int,
+    stage_index: int,
+    num_stages: int,
+    layers: list[int] | None = None,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+) -> nn.Module:
+    """Stage ``stage_index`` with exactly the weights of
+    ``build_model(cfg, seed)``'s same parts, without ever holding the
+    full model: built on the meta device (shapes, no storage), cut, then
+    given storage with ``to_empty`` and initialised by parameter name."""
     with torch.device("meta"):
         model = _empty_model(cfg)  # no memory: every tensor is a shape
     stage_module(model, stage_index, num_stages, layers)
     model.to_empty(device="cpu")  # storage for this stage only, uninitialised
-    init_weights(model, seed)  # each parameter from (seed, its name): the full model's values
+    # each parameter from (seed, its name): the full model's values
+    init_weights(model, seed)
     init_buffers(model)  # to_empty does not restore buffers either
     return model.to(dtype).to(device)
 

@@ -40,27 +40,36 @@ def assign_layers(n_layers: int, num_stages: int) -> list[list[int]]:
 
 def stage_module(model: nn.Module, stage_index: int, num_stages: int,
                  layers: list[int] | None = None) -> nn.Module:
-    """Turn the full model into stage ``stage_index`` of ``num_stages``, in place, and return it.
+    """Turn the full model into stage ``stage_index``
+    of ``num_stages``, in place, and return it.
 
-    The stage keeps its layers under their original names (``layers.5`` stays ``layers.5``),
-    the first stage keeps the embedding, the last keeps the norm and output head; everything
-    else is deleted or set to ``None`` so ``forward`` skips it. ``layers`` overrides which
-    layers the stage owns (a balanced assignment, chapter 4); by default :func:`assign_layers`.
+    The stage keeps its layers under their original names (``layers.5`` stays
+    ``layers.5``), the first stage keeps the embedding, the last keeps the norm and
+    output head; everything else is deleted or set to ``None`` so ``forward`` skips it.
+    ``layers`` overrides which layers the stage owns (a balanced assignment, chapter 4);
+    by default :func:`assign_layers`.
     """
     if not 0 <= stage_index < num_stages:
         raise ValueError(f"stage_index must be in [0, {num_stages}), got {stage_index}")
     if layers is None:
         layers = assign_layers(len(model.layers), num_stages)[stage_index]
-    return keep_parts(model, layers, embedding=stage_index == 0, head=stage_index == num_stages - 1)
+    return keep_parts(
+        model, layers, embedding=stage_index == 0, head=stage_index == num_stages - 1
+    )
 
 
-def keep_parts(model: nn.Module, layers: list[int], embedding: bool, head: bool) -> nn.Module:
-    """Delete, in place, every layer not in ``layers``, and the embedding and the head (norm and
-    output) unless asked to keep them; the parts kept keep their names."""
+def keep_parts(
+    model: nn.Module, layers: list[int], embedding: bool, head: bool
+) -> nn.Module:
+    """Delete, in place, every layer not in ``layers``, and the embedding and the head
+    (norm and output) unless asked to keep them; the parts kept keep their names."""
     owned = {str(i) for i in layers}
     missing = owned - set(model.layers.keys())
     if missing:
-        raise ValueError(f"layers {sorted(map(int, missing))} are not in the model, which has layers {list(map(int, model.layers.keys()))}")
+        raise ValueError(
+            f"layers {sorted(map(int, missing))} are not in the model, "
+            f"which has layers {list(map(int, model.layers.keys()))}"
+        )
     for name in list(model.layers.keys()):
         if name not in owned:
             del model.layers[name]
@@ -102,12 +111,15 @@ def stages_per_rank(name: str, v: int = 2) -> int:
 
 
 def stage_indices(name: str, rank: int, p: int, v: int = 2) -> list[int]:
-    """The stages rank ``rank`` of ``p`` holds under schedule ``name`` (``v`` stages per rank for
-    the looped ones; the V-shaped ones always hold two), from torch's own stage-to-rank map."""
+    """The stages rank ``rank`` of ``p`` holds under schedule
+    ``name`` (``v`` stages per rank for the looped ones; the V-shaped
+    ones always hold two), from torch's own stage-to-rank map."""
     from torch.distributed.pipelining._utils import generate_stage_to_rank_mapping
 
     style = placement(name)
-    to_rank = generate_stage_to_rank_mapping(p, p * stages_per_rank(name, v), style="v" if style == "v" else "loop")
+    to_rank = generate_stage_to_rank_mapping(
+        p, p * stages_per_rank(name, v), style="v" if style == "v" else "loop"
+    )
     return [stage for stage, r in sorted(to_rank.items()) if r == rank]
 
 

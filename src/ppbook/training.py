@@ -30,22 +30,28 @@ from ppbook.data import IGNORE_INDEX
 
 # [start-loss]
 class TokenMeanLoss:
-    """Cross-entropy summed over a microbatch's tokens, divided by the number of counted tokens
-    in the *whole* batch (all microbatches, all accumulation steps). Use with
-    ``scale_grads=False``: the microbatch losses then add up to the batch's token mean, and so do
-    their gradients, whatever the padding. Set :attr:`denominator` before each step."""
+    """Cross-entropy summed over a microbatch's tokens, divided by the
+    number of counted tokens in the *whole* batch (all microbatches, all
+    accumulation steps). Use with ``scale_grads=False``: the microbatch
+    losses then add up to the batch's token mean, and so do their gradients,
+    whatever the padding. Set :attr:`denominator` before each step."""
 
     def __init__(self):
         self.denominator = 1
 
     def set_batch(self, *targets: torch.Tensor) -> int:
-        """Count the tokens that will be scored in this step's batch (or accumulated batches)."""
+        """Count the tokens that will be scored in
+        this step's batch (or accumulated batches)."""
         self.denominator = max(1, sum(int((t != IGNORE_INDEX).sum()) for t in targets))
         return self.denominator
 
     def __call__(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        total = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX,
-                                reduction="sum")  # logits (b, T, V), targets (b, T)
+        total = F.cross_entropy(
+            logits.flatten(0, 1),
+            targets.flatten(),
+            ignore_index=IGNORE_INDEX,
+            reduction="sum",
+        )  # logits (b, T, V), targets (b, T)
         return total / self.denominator
 # [end-loss]
 
@@ -56,32 +62,43 @@ def microbatch_mean_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.T
 
 
 # [start-clip]
-def clip_grad_norm_global(params: list[torch.Tensor], max_norm: float, group=None) -> tuple[float, float]:
+def clip_grad_norm_global(
+    params: list[torch.Tensor], max_norm: float, group=None
+) -> tuple[float, float]:
     """Clip this stage's gradients by the norm of *all* stages' gradients, exactly as
     ``torch.nn.utils.clip_grad_norm_`` does for the whole model in one process.
 
-    Every stage gathers every stage's per-tensor norms (stage order is the model's parameter
-    order) and reduces them the way ``clip_grad_norm_`` does, so the global norm, and the
-    clipped gradients, are the one-process ones to the last bit. Returns (global norm, this
-    stage's norm).
+    Every stage gathers every stage's per-tensor norms (stage order is the model's
+    parameter order) and reduces them the way ``clip_grad_norm_`` does, so the global
+    norm, and the clipped gradients, are the one-process ones to the last bit. Returns
+    (global norm, this stage's norm).
     """
     grads = [p.grad for p in params if p.grad is not None]
     device = params[0].device
-    mine = torch.stack([torch.linalg.vector_norm(g) for g in grads]) if grads else torch.zeros(0, device=device)
+    mine = (
+        torch.stack([torch.linalg.vector_norm(g) for g in grads])
+        if grads
+        else torch.zeros(0, device=device)
+    )
     norms = mine  # (tensors on this stage,)
     if dist.is_initialized() and dist.get_world_size(group) > 1:
         world = dist.get_world_size(group)
         counts = [torch.zeros(1, dtype=torch.long, device=device) for _ in range(world)]
-        dist.all_gather(counts, torch.tensor([len(mine)], device=device), group=group)  # comm: how many
+        # comm: how many
+        dist.all_gather(counts, torch.tensor([len(mine)], device=device), group=group)
         longest = int(max(c.item() for c in counts))
         padded = torch.zeros(longest, dtype=mine.dtype, device=device)
         padded[:len(mine)] = mine
         gathered = [torch.empty_like(padded) for _ in range(world)]
-        dist.all_gather(gathered, padded, group=group)  # comm: every stage's per-tensor norms
-        norms = torch.cat([g[:int(c.item())] for g, c in zip(gathered, counts)])  # (all tensors,) in model order
-    total = torch.linalg.vector_norm(norms)  # what clip_grad_norm_ computes from the same norms
+        # comm: every stage's per-tensor norms
+        dist.all_gather(gathered, padded, group=group)
+        # (all tensors,) in model order
+        norms = torch.cat([g[:int(c.item())] for g, c in zip(gathered, counts)])
+    # what clip_grad_norm_ computes from the same norms
+    total = torch.linalg.vector_norm(norms)
     if max_norm > 0 and grads:
-        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)  # its clipping coefficient, too
+        # its clipping coefficient, too
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
     return total.item(), torch.linalg.vector_norm(mine).item()
 # [end-clip]
 

@@ -43,10 +43,12 @@ def mean_loss(mb_losses: list[torch.Tensor]) -> float:
     return torch.stack([loss.detach() for loss in mb_losses]).mean().item()
 
 
-def reference_backward(model: nn.Module, tokens: torch.Tensor, targets: torch.Tensor, m: int) -> float:
-    """The one-process run every pipeline is compared with: the same m microbatches, in the same
-    order, each contributing loss / m (what ScheduleGPipe's scale_grads does), so float results
-    agree to the last bit. Returns the batch's mean loss."""
+def reference_backward(
+    model: nn.Module, tokens: torch.Tensor, targets: torch.Tensor, m: int
+) -> float:
+    """The one-process run every pipeline is compared with: the same m microbatches, in
+    the same order, each contributing loss / m (what ScheduleGPipe's scale_grads does),
+    so float results agree to the last bit. Returns the batch's mean loss."""
     mb_losses = []
     for mb_tokens, mb_targets in zip(tokens.chunk(m), targets.chunk(m)):
         loss = loss_fn(model(mb_tokens), mb_targets)
