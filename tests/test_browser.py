@@ -21,7 +21,7 @@ HARMLESS = (
 )
 # Debian's chromium and the flags it runs with: one definition, shared with `make pdf`.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-from make_pdf import FLAGS, chromium_path  # noqa: E402,F401
+from make_pdf import FLAGS, SETTLE_MS, Quiet, chromium_path, settle  # noqa: E402,F401
 
 
 @pytest.fixture(scope="module")
@@ -33,8 +33,7 @@ def site(built_book):
         pytest.skip("no chromium here; run tools/ensure_chromium.sh or set PPBOOK_CHROMIUM")
     from playwright.sync_api import sync_playwright
 
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(built_book))
-    handler.log_message = lambda *a, **k: None
+    handler = functools.partial(Quiet, directory=str(built_book))
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     with sync_playwright() as pw:
@@ -51,8 +50,8 @@ def visit(site, rel: str):
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
     page.on("pageerror", lambda e: errors.append(str(e)))
     page.on("response", lambda r: missing.append(r.url) if r.status >= 400 else None)
-    response = page.goto(f"{base}/{rel}")
-    page.wait_for_load_state("networkidle")
+    response = page.goto(f"{base}/{rel}", wait_until="load", timeout=SETTLE_MS)
+    settle(page)
     assert response.status == 200, rel
     return page, errors, missing
 

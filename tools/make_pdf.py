@@ -38,6 +38,49 @@ PRINT_CSS = """@media print {
 }"""
 
 
+# A page is ready to print or test once it has loaded, MathJax has typeset it (printing earlier
+# shows raw TeX), its fonts and images are in, and the explorer, where there is one, has drawn.
+# Not playwright's "networkidle": the 1.5 MB single page never reached it in CI (no request was
+# pending; the state is not reliable), and a wait for an event that never comes is a flake.
+SETTLED = """async () => {
+  if (document.querySelector('script[src*=mathjax]')) {
+    while (!(window.MathJax && MathJax.startup && MathJax.startup.promise))
+      await new Promise(r => setTimeout(r, 50));
+    await MathJax.startup.promise;
+  }
+  await document.fonts.ready;
+  await Promise.all([...document.images].filter(i => !i.complete).map(i => new Promise(r => {
+    i.addEventListener('load', r); i.addEventListener('error', r); })));
+  const chart = document.getElementById('ppx-chart');
+  while (chart && !chart.dataset.key) await new Promise(r => setTimeout(r, 50));
+  return true;
+}"""
+SETTLE_MS = 600_000  # a generous bound for a loaded 2-core machine; typical: under 10 s
+
+
+def settle(page) -> None:
+    """Wait until `page` (after its load event) is typeset and drawn; see SETTLED."""
+    from playwright.sync_api import Error
+
+    page.set_default_timeout(SETTLE_MS)
+    for _ in range(3):  # a page that redirects (the site's index.html) navigates away once
+        try:
+            page.evaluate(SETTLED)
+            return
+        except Error as exc:
+            if "context was destroyed" not in str(exc):
+                raise
+            page.wait_for_load_state("load")
+    raise RuntimeError(f"{page.url} kept navigating away")
+
+
+class Quiet(http.server.SimpleHTTPRequestHandler):
+    """Serves the built site without a log line per request."""
+
+    def log_message(self, *args):
+        pass
+
+
 def chromium_path() -> str | None:
     """Debian's chromium, or ``PPBOOK_CHROMIUM`` (tools/ensure_chromium.sh installs it)."""
     for exe in (os.environ.get("PPBOOK_CHROMIUM"), "/usr/bin/chromium", "/usr/bin/chromium-browser",
@@ -76,22 +119,15 @@ def print_pdf(html: Path, pdf: Path, chromium: str) -> Path:
     printable = site / "print.html"
     shutil.copy(html, printable)
 
-    class Quiet(http.server.SimpleHTTPRequestHandler):
-        def log_message(self, *args):
-            pass
-
     handler = functools.partial(Quiet, directory=str(site))
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)  # MathJax loads its fonts over HTTP
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=chromium, args=FLAGS)
         page = browser.new_page()
-        page.goto(f"http://127.0.0.1:{httpd.server_address[1]}/{printable.name}")
-        page.wait_for_load_state("networkidle")
-        # MathJax typesets after load; printing earlier would show raw TeX
-        page.wait_for_function("() => !document.querySelector('script[src*=mathjax]') || "
-                               "(window.MathJax && MathJax.startup && MathJax.startup.promise)", timeout=120_000)
-        page.evaluate("() => window.MathJax && MathJax.startup ? MathJax.startup.promise : null")
+        page.goto(f"http://127.0.0.1:{httpd.server_address[1]}/{printable.name}", wait_until="load",
+                  timeout=SETTLE_MS)
+        settle(page)
         page.add_style_tag(content=PRINT_CSS)
         page.emulate_media(media="print")
         page.pdf(path=str(pdf), format="A4", print_background=True,
