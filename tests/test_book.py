@@ -13,6 +13,9 @@ import yaml
 
 from conftest import ROOT
 
+sys.path.insert(0, str(ROOT / "tools"))
+import page_times  # noqa: E402
+
 pytestmark = pytest.mark.book
 
 CHAPTER_HEADER = """---
@@ -50,27 +53,19 @@ def test_full_build_is_clean_and_executes_every_chapter(built_book):
         assert (built_book / "_sources" / (f + ".ipynb")).is_file()
 
 
-#: Seconds a page may take to execute in the full build on 2 CPU cores (house style: about a
-#: minute each; twice that leaves room for a loaded machine, and still stops a page that grows).
-PAGE_BUDGET_S = 120.0
-
-
-def page_seconds(html: Path) -> dict[str, float]:
-    """Execution seconds of every page of the book built into ``html``, from myst-nb's execution
-    report: the jupyter-cache beside the HTML records each notebook's ``execution_seconds``."""
-    from jupyter_cache import get_cache
-
-    cache = get_cache(html.parent / ".jupyter_cache")
-    return {Path(r.uri).stem: r.data["execution_seconds"] for r in cache.list_cache_records()}
-
-
-def test_every_page_executes_within_its_budget(built_book):
-    seconds = page_seconds(built_book)
+def test_every_page_records_its_execution_time(built_book):
+    """The times that `make page-times` holds against the budget exist for every executed page.
+    The budget itself is not asserted here: a test that fails on time fails on a loaded machine."""
+    seconds = page_times.page_seconds(built_book)
     notebooks = [f for f in toc_files() if "code-cell" in (ROOT / (f + ".md")).read_text()]
     assert set(seconds) == {Path(f).name for f in notebooks}, seconds
-    over = {page: s for page, s in seconds.items() if s > PAGE_BUDGET_S}
-    assert not over, (f"pages over their execution budget of {PAGE_BUDGET_S:.0f} s each on 2 cores: "
-                      + ", ".join(f"{page} ({s:.0f} s)" for page, s in sorted(over.items())))
+    assert all(s > 0 for s in seconds.values()), seconds
+    assert page_times.main(["--path-output", str(built_book.parents[1]), "--budget", "1e9"]) == 0
+
+
+def test_the_page_report_flags_a_page_over_budget():
+    assert page_times.over_budget({"fast": 30.0, "slow": 200.0}, 120.0) == {"slow": 200.0}
+    assert page_times.over_budget({"fast": 30.0}, 120.0) == {}
 
 
 def test_no_glue_or_role_left_unrendered(built_book):
@@ -100,7 +95,7 @@ def _mini_book(tmp_path: Path, cell: str, prose: str = "Text.") -> subprocess.Co
 def test_a_failing_cell_fails_the_build(tmp_path):
     ok = _mini_book(tmp_path / "ok", "x = 1 / 1\nprint(x)") if (tmp_path / "ok").mkdir() is None else None
     assert ok.returncode == 0, ok.stdout[-3000:] + ok.stderr[-3000:]
-    assert set(page_seconds(tmp_path / "ok" / "_build" / "html")) == {"page"}  # the budget test's report
+    assert set(page_times.page_seconds(tmp_path / "ok" / "_build" / "html")) == {"page"}  # the budget test's report
     bad = _mini_book(tmp_path / "bad", "x = 1 / 0") if (tmp_path / "bad").mkdir() is None else None
     assert bad.returncode != 0
     assert "ZeroDivisionError" in bad.stdout + bad.stderr
