@@ -12,8 +12,9 @@ Ray Train, 4 CPU workers (gloo), the same function and numbers:
     python scripts/09_scaling_out.py --ray-workers 4 --dp 2 --check
 Ray Train on a cluster of GPU nodes (scripts/09_ray_cluster.yaml), 2 replicas x 4 stages:
     python scripts/09_scaling_out.py --ray-address auto --device cuda --ray-workers 8 --dp 2
-GPUs (NCCL), two nodes of 8 GPUs, PP 4 x DP 4 (Slurm: sbatch scripts/09_slurm.sbatch), on each node:
-    torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint $HEAD:29500 --rdzv-id $JOB scripts/09_scaling_out.py --dp 4 --device cuda
+GPUs (NCCL), two nodes of 8 GPUs, PP 4 x DP 4 with the pipeline across the nodes and each stage's FSDP
+group within one (Slurm: sbatch scripts/09_slurm.sbatch), on each node:
+    torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint $HEAD:29500 --rdzv-id $JOB scripts/09_scaling_out.py --dp 4 --mesh pp,dp --device cuda
 """
 
 from __future__ import annotations
@@ -48,6 +49,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     cli.add_common_args(p, microbatches=2, microbatches_help="microbatches per replica's pipeline",
                        batch_size=16, mixed_precision=True)
     p.add_argument("--dp", type=int, default=2, help="data-parallel replicas; pipeline stages = world size / dp")
+    p.add_argument("--mesh", choices=["dp,pp", "pp,dp"], default="dp,pp",
+                   help="the mesh's dimensions, outermost first: dp,pp puts a pipeline's stages on neighbouring "
+                        "ranks (fine on one node); pp,dp puts a stage's replicas there, so FSDP stays within a node "
+                        "and the pipeline crosses nodes (Megatron-LM's and torchtitan's order; chapter 9)")
     p.add_argument("--steps", type=int, default=3, help="optimizer steps (AdamW)")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--replicate", choices=["fsdp", "ddp"], default="fsdp",
@@ -109,15 +114,19 @@ def shard_stage(stage_mod, dp_mesh, wrap: str = "blocks") -> None:
 def build_replicated_stage(args, info):
     """This rank's pipeline stage, replicated over its data-parallel group."""
     pp = info.world_size // args.dp
+    # outermost first: ("dp", "pp") makes a pipeline's stages neighbouring
+    # ranks, ("pp", "dp") a stage's replicas (across nodes: pp outermost)
+    names = tuple(args.mesh.split(","))
+    sizes = {"dp": args.dp, "pp": pp}
     mesh = init_device_mesh(
-        info.device.type, (args.dp, pp), mesh_dim_names=("dp", "pp")
+        info.device.type, tuple(sizes[n] for n in names), mesh_dim_names=names
     )
-    # row, column of the mesh
+    # this rank's replica and stage
     dp_rank, pp_rank = mesh.get_local_rank("dp"), mesh.get_local_rank("pp")
     # same seed on every rank
     stage_mod = stage_module(workload.full_model(args, info.device), pp_rank, pp)
     # FSDP2 shards this stage over the replicas holding the
-    # same stage (a mesh column) and reduce-scatters (averages)
+    # same stage (its "dp" group) and reduce-scatters (averages)
     # their gradients after the last microbatch's backward
     wrapped = stage_mod
     if args.dp > 1 and args.replicate == "fsdp":
@@ -130,7 +139,7 @@ def build_replicated_stage(args, info):
         stage_index=pp_rank,
         num_stages=pp,
         device=info.device,
-        # sends and receives along a mesh row
+        # sends and receives within this rank's pipeline
         group=mesh.get_group("pp"),
     )
     return stage, stage_mod, mesh, dp_rank, pp_rank
@@ -224,7 +233,7 @@ def report(args, info, stage_mod, losses, dp_rank, pp_rank, seconds) -> dict | N
     loss_diff = max(abs(a - b) for a, b in zip(losses, ref_losses))
     tol = precision.tolerance(args.dtype)
     ok = replicas_equal and loss_diff <= tol and all(r["max_weight_diff"] <= tol for r in everyone)
-    return {"world_size": info.world_size, "dp": args.dp, "pp": info.world_size // args.dp,
+    return {"world_size": info.world_size, "dp": args.dp, "pp": info.world_size // args.dp, "mesh": args.mesh,
             "microbatches": args.microbatches, "batch_size": args.batch_size, "dtype": args.dtype,
             "losses": losses, "reference_losses": ref_losses, "max_loss_diff": loss_diff,
             "replicas_equal": replicas_equal, "ranks": everyone, "train_seconds": seconds, "match": ok, "tolerance": tol,

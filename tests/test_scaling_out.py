@@ -106,8 +106,18 @@ def test_slurm_batch_script_runs_on_loopback_with_stand_ins(tmp_path, pp_dp_torc
     assert proc.returncode == 0, output[-3000:]
     data = json.loads(out.read_text())
     assert sorted(x["node"] for x in data["ranks"]) == [0, 0, 1, 1]
+    # the batch script puts pp outermost: a stage's replicas (its FSDP group) share a node, the
+    # pipeline crosses the nodes, as nodes.mesh_layout(pp_outermost=True) computes for chapter 9
+    assert data["mesh"] == "pp,dp"
+    expected = nodes.mesh_layout(dp=2, pp=2, procs_per_node=2, pp_outermost=True)
+    assert [(x["node"], x["dp_rank"], x["pp_rank"]) for x in data["ranks"]] == \
+        [(x["node"], x["dp_rank"], x["pp_rank"]) for x in expected]
+    assert all(len({x["node"] for x in data["ranks"] if x["pp_rank"] == s}) == 1 for s in (0, 1))
     assert_matches_one_process(data)
-    assert [x["digest"] for x in data["ranks"]] == [x["digest"] for x in pp_dp_torchrun["ranks"]]
+    # the same weights as the ("dp", "pp") mesh of one torchrun: the order of the mesh moves
+    # ranks, not bits
+    by_stage = {(x["dp_rank"], x["pp_rank"]): x["digest"] for x in pp_dp_torchrun["ranks"]}
+    assert {(x["dp_rank"], x["pp_rank"]): x["digest"] for x in data["ranks"]} == by_stage
 
 
 def test_mesh_layout_keeps_pipelines_on_a_node_when_the_node_holds_whole_pipelines():
