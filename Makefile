@@ -24,11 +24,12 @@ $(STAMP): requirements.txt requirements-reader.txt pyproject.toml
 	$(BIN)/python -m pip install --quiet -r requirements.txt -e .
 	touch $(STAMP)
 
-# Executes every chapter from an empty cache: jupyter-cache keys on code cells only, so a
-# cached build would keep stale outputs after a change in scripts/ or src/.
+# Executes every chapter from an empty cache (jupyter-cache keys on code cells only, so a
+# cached build would keep stale outputs after a change in scripts/ or src/), two pages at a time
+# (JOBS=1: one), then renders: see tools/build_book.py.
+JOBS ?= 2
 book: $(STAMP)
-	rm -rf _build/.jupyter_cache _build/html _build/jupyter_execute
-	$(BIN)/jupyter-book build . --all -W -n --keep-going
+	$(BIN)/python tools/build_book.py --jobs $(JOBS)
 	$(BIN)/python tools/make_notebooks.py
 	@echo "The book is in _build/html: open file://$(CURDIR)/_build/html/index.html"
 

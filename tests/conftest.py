@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -17,38 +18,85 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "book: builds the whole book or drives a browser")
 
 
-#: The whole book from an empty cache: about 12 minutes on an idle 2-core machine, over 15 when
-#: the cores are shared (a CI run timed out at pytest's default of 900 s while other jobs ran).
-#: The build is one subprocess with its own timeout; a test that uses it gets the whole budget.
+#: The whole book from an empty cache: about 11 minutes on an idle 2-core machine, and longer while
+#: the other tests share the cores with it. The build is one subprocess with its own timeout.
 BOOK_BUILD_TIMEOUT_S = 3000
 
 
+def _uses_book(item) -> bool:
+    return "built_book" in getattr(item, "fixturenames", ())
+
+
+@pytest.hookimpl(trylast=True)  # after -m / -k have deselected: these are the tests that will run
 def pytest_collection_modifyitems(config, items):
-    """Whichever test first asks for ``built_book`` pays for the build inside its own timeout:
-    give every such test room for the build, not the default per-test limit."""
-    for item in items:
-        if "built_book" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.timeout(BOOK_BUILD_TIMEOUT_S + 600))
+    """Tests that use the built book run last, so the build (started in the background when
+    collection ends) overlaps every other test instead of stalling the session; the first of
+    them waits for what is left of the build, so each gets room for the whole build."""
+    book = [item for item in items if _uses_book(item)]
+    items[:] = [item for item in items if not _uses_book(item)] + book
+    for item in book:
+        item.add_marker(pytest.mark.timeout(BOOK_BUILD_TIMEOUT_S + 600))
+
+
+class BookBuild:
+    """``make book``'s build (``tools/build_book.py``) into a fresh folder, running in the background."""
+
+    def __init__(self, config):
+        self.out = config._tmp_path_factory.mktemp("book")  # pytest's basetemp: the last 3 sessions kept
+        self.log = self.out / "build.log"
+        cmd = [sys.executable, str(ROOT / "tools" / "build_book.py"), "--path-output", str(self.out)]
+        with open(self.log, "w") as log:
+            self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+        self.deadline = time.monotonic() + BOOK_BUILD_TIMEOUT_S
+
+    def wait(self) -> Path:
+        from ppbook import launch
+
+        try:
+            self.proc.wait(timeout=max(1.0, self.deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            launch.kill_tree(self.proc.pid)
+            pytest.fail(f"the book build took over {BOOK_BUILD_TIMEOUT_S} s (killed); log: {self.log}")
+        text = self.log.read_text()
+        assert self.proc.returncode == 0, f"book build failed (exit {self.proc.returncode}):\n{text[-6000:]}"
+        html = self.out / "_build" / "html"
+        assert (html / "index.html").is_file(), text[-3000:]
+        return html
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            from ppbook import launch
+
+            launch.kill_tree(self.proc.pid)
+
+
+BOOK_KEY = pytest.StashKey[BookBuild]()
+
+
+def pytest_collection_finish(session):
+    if not session.config.option.collectonly and any(_uses_book(item) for item in session.items):
+        session.config.stash[BOOK_KEY] = BookBuild(session.config)
+
+
+def pytest_sessionfinish(session):
+    build = session.config.stash.get(BOOK_KEY, None)
+    if build is not None:
+        build.stop()  # a session cut short (-x, Ctrl-C) leaves no build running
 
 
 @pytest.fixture(scope="session")
-def built_book(tmp_path_factory) -> Path:
-    """The whole book built once per session from an EMPTY execution cache, under -W -n.
+def built_book(request) -> Path:
+    """The whole book built once per session from an EMPTY execution cache, under -W -n
+    (``build.log`` beside ``_build``).
 
     jupyter-cache keys on code cells only, so a cache kept from an earlier build would hide a
     change in scripts/ or src/; building into a fresh output folder guarantees a cold cache.
     """
-    out = tmp_path_factory.mktemp("book")
-    cmd = [str(Path(sys.executable).with_name("jupyter-book")), "build", str(ROOT), "--all", "-W", "-n",
-           "--keep-going", "--path-output", str(out)]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
-                          timeout=BOOK_BUILD_TIMEOUT_S)
-    log = proc.stdout + proc.stderr
-    (out / "build.log").write_text(log)
-    assert proc.returncode == 0, f"book build failed (exit {proc.returncode}):\n{log[-6000:]}"
-    html = out / "_build" / "html"
-    assert (html / "index.html").is_file(), log[-3000:]
-    return html
+    build = request.config.stash.get(BOOK_KEY, None)
+    if build is None:  # the fixture was reached without collection starting the build
+        build = request.config.stash[BOOK_KEY] = BookBuild(request.config)
+    return build.wait()
 
 
 def assert_one_error_line(result, script: str, message: str) -> None:
