@@ -44,7 +44,7 @@ publish-notebooks: notebooks
 
 # Re-uses cached outputs of unchanged code cells (for authors iterating on prose).
 book-cached: $(STAMP)
-	$(BIN)/jupyter-book build . --all -W -n --keep-going
+	$(BIN)/python tools/build_book.py --keep-cache --jobs $(JOBS)
 
 # A PDF of the book, _build/pdf/book.pdf: the single-page HTML build (it reuses the execution
 # cache, so after `make book` nothing executes again), printed by Debian's chromium.

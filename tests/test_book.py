@@ -79,26 +79,40 @@ def test_no_glue_or_role_left_unrendered(built_book):
         assert '$<span class="math' not in text, page
 
 
-def _mini_book(tmp_path: Path, cell: str, prose: str = "Text.") -> subprocess.CompletedProcess:
+def _mini_book(tmp_path: Path, cell: str, prose: str = "Text.", keep_cache: bool = False) -> subprocess.CompletedProcess:
     """A one-page book with the real _config.yml, whose only code cell is ``cell``, followed by
-    the paragraph ``prose``."""
+    the paragraph ``prose``, built as `make book` builds (``keep_cache``: as `make book-cached`)."""
     for name in ("_config.yml",):
         shutil.copy(ROOT / name, tmp_path / name)
-    shutil.copytree(ROOT / "_vendor", tmp_path / "_vendor")
-    shutil.copytree(ROOT / "tools", tmp_path / "tools")  # _config.yml's local Sphinx extension
-    (tmp_path / "book").mkdir()
+    shutil.copytree(ROOT / "_vendor", tmp_path / "_vendor", dirs_exist_ok=True)
+    shutil.copytree(ROOT / "tools", tmp_path / "tools", dirs_exist_ok=True)  # _config.yml's local Sphinx extension
+    (tmp_path / "book").mkdir(exist_ok=True)
     shutil.copy(ROOT / "book" / "references.bib", tmp_path / "book" / "references.bib")
     (tmp_path / "_toc.yml").write_text("format: jb-book\nroot: book/page\n")
     (tmp_path / "book" / "page.md").write_text(
         CHAPTER_HEADER + "\n# A page\n\nText.\n\n```{code-cell} ipython3\n" + cell + "\n```\n\n" + prose + "\n")
-    cmd = [sys.executable, str(ROOT / "tools" / "build_book.py"), "--root", str(tmp_path)]  # as `make book`
+    cmd = [sys.executable, str(ROOT / "tools" / "build_book.py"), "--root", str(tmp_path),
+           *["--keep-cache"] * keep_cache]
     return subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+
+
+def _outputs(notebook: Path) -> list[str]:
+    """The text of every stream output of ``notebook``."""
+    import nbformat
+
+    nb = nbformat.read(notebook, as_version=4)
+    return [o["text"] for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "stream"]
 
 
 def test_a_failing_cell_fails_the_build(tmp_path):
     ok = _mini_book(tmp_path / "ok", "x = 1 / 1\nprint(x)") if (tmp_path / "ok").mkdir() is None else None
     assert ok.returncode == 0, ok.stdout[-3000:] + ok.stderr[-3000:]
     assert set(page_times.page_seconds(tmp_path / "ok" / "_build" / "html")) == {"page"}  # the budget test's report
+    executed = tmp_path / "ok" / "_build" / "jupyter_execute" / "book" / "page.ipynb"
+    assert _outputs(executed) == ["1.0\n"]  # what make_notebooks turns into the download copy
+    again = _mini_book(tmp_path / "ok", "x = 1 / 1\nprint(x)", keep_cache=True)  # make book-cached
+    assert again.returncode == 0 and "Executed notebook" not in again.stdout, again.stdout[-3000:]
+    assert _outputs(executed) == ["1.0\n"]  # from the cache, which myst-nb would write without outputs
     bad = _mini_book(tmp_path / "bad", "x = 1 / 0") if (tmp_path / "bad").mkdir() is None else None
     assert bad.returncode != 0
     assert "ZeroDivisionError" in bad.stdout + bad.stderr

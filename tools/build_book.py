@@ -7,12 +7,18 @@ myst-nb does (the same notebook read from the same MyST file, the same working f
 and error policy, all from ``_config.yml``), so ``jupyter-book build`` then finds every page in
 the cache and only renders. A page that fails stops the build with its traceback.
 
+myst-nb writes ``_build/jupyter_execute/<page>.ipynb`` without outputs when it takes a page from the
+cache (it saves the notebook it read, not the one it merged), and the download copies and Colab
+notebooks (``tools/make_notebooks.py``) are made from those files; so after rendering, this writes
+them again from the cache, with their outputs.
+
 Pages that measure wall-clock time for their figures (``ppbook: {execute_alone: true}`` in their
 front matter) run while no other page does, so that their numbers are not another page's noise.
 
     python tools/build_book.py                      # what `make book` runs (from an empty cache)
     python tools/build_book.py --path-output DIR    # into DIR/_build, as the tests build
     python tools/build_book.py --jobs 1             # one page at a time
+    python tools/build_book.py --keep-cache         # execute only pages whose code changed (`make book-cached`)
 """
 
 from __future__ import annotations
@@ -66,6 +72,26 @@ def order(pages: list[Path]) -> list[Path]:
     return alone + [p for p in pages if p not in alone]
 
 
+def cached(cache, page: Path) -> bool:
+    """Whether the cache holds ``page`` executed with its current code cells."""
+    try:
+        cache.match_cache_notebook(read_page(page))
+    except KeyError:
+        return False
+    return True
+
+
+def write_executed(root: Path, build: Path) -> None:
+    """Write every page's executed notebook, outputs included, where myst-nb writes it."""
+    import nbformat
+    from jupyter_cache import get_cache
+
+    cache = get_cache(str(build / ".jupyter_cache"))
+    for page in notebook_pages(root):
+        _, notebook = cache.merge_match_into_notebook(read_page(page))
+        nbformat.write(notebook, build / "jupyter_execute" / page.relative_to(root).with_suffix(".ipynb"))
+
+
 def execute_pages(root: Path, cache_dir: Path, jobs: int) -> int:
     """Execute every notebook page of ``root``'s book into the jupyter-cache at ``cache_dir``."""
     from jupyter_cache import get_cache
@@ -80,7 +106,7 @@ def execute_pages(root: Path, cache_dir: Path, jobs: int) -> int:
                          "this tool runs pages in their own folder, as the book's pages expect")
     timeout, allow_errors = int(execute_cfg.get("timeout", 30)), bool(execute_cfg.get("allow_errors", False))
     cache = get_cache(str(cache_dir))
-    queue = order(notebook_pages(root))
+    queue = order([page for page in notebook_pages(root) if not cached(cache, page)])
     alone = {p for p in queue if executes_alone(read_page(p))}
     running, failed = {}, []
     bar = tqdm(total=len(queue), desc="executing pages", unit="page", file=sys.stdout, disable=None)
@@ -118,14 +144,17 @@ def main(argv=None) -> int:
     p.add_argument("--path-output", type=Path, default=None,
                    help="build into DIR/_build instead of the book's own _build (jupyter-book's --path-output)")
     p.add_argument("--jobs", type=int, default=2, help="pages executed at once (default: %(default)s)")
+    p.add_argument("--keep-cache", action="store_true",
+                   help="keep the execution cache and execute only the pages whose code cells changed "
+                        "(stale after a change in scripts/ or src/)")
     args = p.parse_args(argv)
     if args.jobs < 1:
         p.error(f"--jobs must be at least 1, got {args.jobs}")
     root = args.root.resolve()
     build = (args.path_output.resolve() if args.path_output else root) / "_build"
-    # from an empty cache: jupyter-cache keys on code cells only, so a kept cache would keep stale
-    # outputs after a change in scripts/ or src/
-    for stale in (".jupyter_cache", "html", "jupyter_execute"):
+    # from an empty cache unless asked: jupyter-cache keys on code cells only, so a kept cache would
+    # keep stale outputs after a change in scripts/ or src/
+    for stale in ((), (".jupyter_cache",))[not args.keep_cache] + ("html", "jupyter_execute"):
         shutil.rmtree(build / stale, ignore_errors=True)
     t0 = time.perf_counter()
     status = execute_pages(root, build / ".jupyter_cache", args.jobs)
@@ -136,7 +165,10 @@ def main(argv=None) -> int:
            "--keep-going"]
     if args.path_output:
         cmd += ["--path-output", str(args.path_output.resolve())]
-    return subprocess.run(cmd, cwd=root, env=os.environ).returncode
+    status = subprocess.run(cmd, cwd=root, env=os.environ).returncode
+    if status == 0:
+        write_executed(root, build)
+    return status
 
 
 if __name__ == "__main__":
