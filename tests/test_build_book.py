@@ -34,8 +34,13 @@ def test_the_pages_with_measured_times_run_alone_and_first():
     assert [p.stem for p in ordered[:len(alone)]] == alone and sorted(ordered) == sorted(pages)
 
 
-def test_a_bad_jobs_value_is_refused_in_one_line(capsys):
+@pytest.mark.parametrize("args, message", [
+    (["--jobs", "0"], "--jobs must be at least 1, got 0"),
+    (["--root", "/nonexistent"], "--root /nonexistent has no _toc.yml: pass the folder of the book"),
+])
+def test_bad_input_is_refused_in_one_line(args, message, capsys):
     with pytest.raises(SystemExit) as err:
-        build_book.main(["--jobs", "0"])
+        build_book.main(args)
     assert err.value.code == 2
-    assert "--jobs must be at least 1, got 0" in capsys.readouterr().err
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert message in lines[-1] and lines[-1].startswith("build_book.py: error:"), lines

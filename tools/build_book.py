@@ -1,7 +1,7 @@
 """Build the book: execute its pages two at a time, then render them with Jupyter Book.
 
-myst-nb executes a page when Sphinx reads it, one page after another, and a page keeps about one
-of two cores busy (its kernel, or a torchrun job between launches). This runs the pages'
+myst-nb executes a page when Sphinx reads it, one page after another, and a page leaves part of
+two cores idle (they were 70% busy on average through a serial build). This runs the pages'
 notebooks ``--jobs`` at a time and stores each executed notebook in the execution cache just as
 myst-nb does (the same notebook read from the same MyST file, the same working folder, timeout
 and error policy, all from ``_config.yml``), so ``jupyter-book build`` then finds every page in
@@ -139,7 +139,7 @@ def execute_pages(root: Path, cache_dir: Path, jobs: int) -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="build_book.py", description=__doc__.split("\n")[0])
     p.add_argument("--root", type=Path, default=ROOT, help="the book's folder (default: this repository)")
     p.add_argument("--path-output", type=Path, default=None,
                    help="build into DIR/_build instead of the book's own _build (jupyter-book's --path-output)")
@@ -151,6 +151,8 @@ def main(argv=None) -> int:
     if args.jobs < 1:
         p.error(f"--jobs must be at least 1, got {args.jobs}")
     root = args.root.resolve()
+    if not (root / "_toc.yml").is_file():
+        p.error(f"--root {args.root} has no _toc.yml: pass the folder of the book (the repository root)")
     build = (args.path_output.resolve() if args.path_output else root) / "_build"
     # from an empty cache unless asked: jupyter-cache keys on code cells only, so a kept cache would
     # keep stale outputs after a change in scripts/ or src/
