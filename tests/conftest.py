@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -74,8 +75,21 @@ class BookBuild:
 BOOK_KEY = pytest.StashKey[BookBuild]()
 
 
+ZYGOTE_KEY = pytest.StashKey[subprocess.Popen]()
+
+
 def pytest_collection_finish(session):
-    if not session.config.option.collectonly and any(_uses_book(item) for item in session.items):
+    if session.config.option.collectonly:
+        return
+    from ppbook import launch, zygote
+
+    # One launch server for the session, the book build's pages included: the tests' launches fork
+    # their ranks from it instead of importing torch in three fresh processes each (ppbook.zygote).
+    launches = any(_uses_book(item) or item.get_closest_marker("torchrun") for item in session.items)
+    if launches and os.environ.get(zygote.FORCE_TORCHRUN) != "torchrun" and not os.environ.get(zygote.ENV):
+        log = session.config._tmp_path_factory.mktemp("zygote") / "zygote.log"
+        session.config.stash[ZYGOTE_KEY] = zygote.start(launch.child_env(), log=log)
+    if any(_uses_book(item) for item in session.items):
         session.config.stash[BOOK_KEY] = BookBuild(session.config)
 
 
@@ -83,6 +97,11 @@ def pytest_sessionfinish(session):
     build = session.config.stash.get(BOOK_KEY, None)
     if build is not None:
         build.stop()  # a session cut short (-x, Ctrl-C) leaves no build running
+    server = session.config.stash.get(ZYGOTE_KEY, None)
+    if server is not None:
+        from ppbook import zygote
+
+        zygote.stop(server)
 
 
 @pytest.fixture(scope="session")

@@ -1,3 +1,4 @@
+import os
 import textwrap
 
 import pytest
@@ -85,3 +86,105 @@ def test_device_choice():
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="use --device cpu"):
             ppdist.pick_device(0, "cuda")
+
+
+# ------------------------------------------------------------------ the launch server (ppbook.zygote)
+
+ENV_PROBE = """
+    import json, os, sys
+    import torch, torch.distributed as dist
+    names = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME",
+             "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "TORCHELASTIC_RESTART_COUNT",
+             "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_USE_AGENT_STORE", "OMP_NUM_THREADS",
+             "TORCHINDUCTOR_CACHE_DIR", "PYTHONUNBUFFERED", "TQDM_DISABLE")
+    dist.init_process_group("gloo")
+    mine = {"env": {n: os.environ.get(n) for n in names}, "threads": torch.get_num_threads(),
+            "argv": sys.argv[:-2], "cwd": os.getcwd(), "path0": sys.path[0], "name": __name__,
+            "sum": float(torch.ones(3).sum() * (dist.get_rank() + 1))}
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    if dist.get_rank() == 0:
+        json.dump(everyone, open(sys.argv[sys.argv.index("--json") + 1], "w"))
+    dist.destroy_process_group()
+"""
+
+
+@pytest.fixture
+def server():
+    from ppbook import zygote
+
+    if not os.environ.get(zygote.ENV):
+        pytest.skip("no launch server in this session (PPBOOK_LAUNCHER=torchrun)")
+    return zygote
+
+
+@pytest.mark.torchrun
+def test_forked_ranks_see_what_torchrun_gives_them(tmp_path, server, monkeypatch):
+    """The same probe under torchrun and forked from the server: every rank's environment,
+    thread count, argv, folder and ``__name__`` agree, and the ranks talk through the store."""
+    script = write(tmp_path, ENV_PROBE)
+    forked = launch.torchrun(script, ["--x", "1"], nproc=2, timeout=60)
+    monkeypatch.setenv(server.FORCE_TORCHRUN, "torchrun")
+    started = launch.torchrun(script, ["--x", "1"], nproc=2, timeout=120)
+    assert forked.forked and not started.forked
+    assert forked.shell_command == started.shell_command.replace(started.command[-1], forked.command[-1])
+    assert forked.data == started.data
+    assert [r["env"]["RANK"] for r in forked.data] == ["0", "1"]
+    assert forked.data[0]["threads"] == 1 and forked.data[0]["name"] == "__main__"
+
+
+@pytest.mark.torchrun
+def test_forked_pipeline_has_the_bits_of_torchrun(server, monkeypatch):
+    forked = launch.torchrun("01_first_pipeline.py", nproc=2, timeout=60)
+    monkeypatch.setenv(server.FORCE_TORCHRUN, "torchrun")
+    started = launch.torchrun("01_first_pipeline.py", nproc=2, timeout=120)
+    assert forked.forked and not started.forked
+    same = ("pipeline_losses", "reference_losses", "layers_per_stage", "match")
+    assert {k: forked.data[k] for k in same} == {k: started.data[k] for k in same}
+    for mine, theirs in zip(forked.data["stages"], started.data["stages"], strict=True):  # all but the time
+        assert {**mine, "seconds": None} == {**theirs, "seconds": None}
+
+
+@pytest.mark.torchrun
+def test_a_failing_rank_stops_the_others_with_exit_status_1(tmp_path, server):
+    """As torchrun: one rank raises, the other (asleep) is stopped, the launch exits 1, and the
+    traceback carries init_process_group's ``[rank1]:`` prefix."""
+    script = write(tmp_path, """
+        import time, torch.distributed as dist
+        dist.init_process_group("gloo")
+        if dist.get_rank() == 1:
+            raise ValueError("rank 1 made a mistake")
+        time.sleep(600)
+    """)
+    r = launch.torchrun(script, nproc=2, timeout=120, check=False, json_result=False)
+    assert r.forked and r.returncode == 1
+    assert "[rank1]: ValueError: rank 1 made a mistake" in r.output
+
+
+@pytest.mark.torchrun
+def test_an_environment_torch_reads_at_import_runs_torchrun(tmp_path, server, monkeypatch):
+    """A variable torch reads when it starts cannot reach a forked rank: such a launch runs torchrun."""
+    script = write(tmp_path, ENV_PROBE)
+    monkeypatch.setenv("TORCH_CPP_LOG_LEVEL", "ERROR")
+    r = launch.torchrun(script, nproc=2, timeout=120)
+    assert not r.forked and r.data[1]["env"]["RANK"] == "1"
+    assert server._differs({"TORCH_CPP_LOG_LEVEL": "ERROR", "OMP_NUM_THREADS": "3"}, {}) == ["TORCH_CPP_LOG_LEVEL"]
+
+
+def test_the_server_ends_with_the_process_that_started_it(tmp_path):
+    """A server whose starter dies without stopping it exits too (no stray servers after a
+    killed test session)."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    starter = subprocess.run([sys.executable, "-c", "from ppbook import launch, zygote; "
+                              "print(zygote.start(launch.child_env(), log=None).pid)"],
+                             capture_output=True, text=True, timeout=60, check=True)
+    server = psutil.Process(int(starter.stdout))
+    try:
+        server.wait(timeout=60)
+    except psutil.TimeoutExpired:
+        server.kill()
+        pytest.fail("the launch server outlived the process that started it")

@@ -11,6 +11,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "ppbook"
 
 # Bottom to top, along the data flow. A module may import only modules of lower layers.
 LAYERS: list[tuple[str, list[str]]] = [
+    ("below everything: the launch server that forks ranks from an interpreter with torch imported",
+     ["zygote"]),
     ("leaves: formulas, reports, claims, errors, data, processes, launching, the action graph, precision",
      ["report", "claims", "errors", "bubble", "traffic", "dataflow", "data", "dist", "launch",
       "activations", "checkpoint", "precision", "fsdp_probe"]),

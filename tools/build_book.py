@@ -94,10 +94,6 @@ def write_executed(root: Path, build: Path) -> None:
 
 def execute_pages(root: Path, cache_dir: Path, jobs: int) -> int:
     """Execute every notebook page of ``root``'s book into the jupyter-cache at ``cache_dir``."""
-    from jupyter_cache import get_cache
-    from jupyter_cache.base import CacheBundleIn
-    from tqdm import tqdm
-
     execute_cfg = yaml.safe_load((root / "_config.yml").read_text()).get("execute", {})
     if execute_cfg.get("execute_notebooks", "auto") in ("off", False):
         return 0
@@ -105,6 +101,26 @@ def execute_pages(root: Path, cache_dir: Path, jobs: int) -> int:
         raise SystemExit("build_book.py: error: execute.run_in_temp is set in _config.yml; "
                          "this tool runs pages in their own folder, as the book's pages expect")
     timeout, allow_errors = int(execute_cfg.get("timeout", 30)), bool(execute_cfg.get("allow_errors", False))
+    from ppbook import launch, zygote
+
+    # The pages' launches fork their ranks from one launch server (ppbook.zygote), unless the
+    # caller runs one already (the tests do) or asks for torchrun itself (PPBOOK_LAUNCHER=torchrun).
+    server = None
+    if not os.environ.get(zygote.ENV) and os.environ.get(zygote.FORCE_TORCHRUN) != "torchrun":
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        server = zygote.start(launch.child_env(), log=cache_dir.parent / "zygote.log")
+    try:
+        return _execute_pages(root, cache_dir, jobs, timeout, allow_errors)
+    finally:
+        if server is not None:
+            zygote.stop(server)
+
+
+def _execute_pages(root: Path, cache_dir: Path, jobs: int, timeout: int, allow_errors: bool) -> int:
+    from jupyter_cache import get_cache
+    from jupyter_cache.base import CacheBundleIn
+    from tqdm import tqdm
+
     cache = get_cache(str(cache_dir))
     queue = order([page for page in notebook_pages(root) if not cached(cache, page)])
     alone = {p for p in queue if executes_alone(read_page(p))}

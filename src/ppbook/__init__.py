@@ -32,6 +32,7 @@ Modules, in the order the book introduces them:
 * :mod:`ppbook.fsdp_probe` -- FSDP2's all-gathers and gathered bytes during a pipeline step (chapter 9)
 * :mod:`ppbook.network` -- links as latency + bytes / bandwidth, NVLink/IB/RoCE presets (chapter 10)
 * :mod:`ppbook.plan`    -- the planner: layouts and schedules ranked by predicted step time (chapter 10)
+* :mod:`ppbook.zygote`  -- the build's and the tests' launch server: ranks forked with torch imported (no chapter)
 * :mod:`ppbook.errors`  -- finding the rank that failed in torchrun's output (appendix C)
 """
 

@@ -8,6 +8,11 @@ Why not ``!torchrun ...`` in a cell: IPython ignores the exit status, so a scrip
 (killing every rank on expiry, so a hang cannot stall the build), raises
 :class:`LaunchError` with the output's tail when the exit status is not zero, and returns the
 JSON the script wrote to ``--json``.
+
+The book's build and the tests start a launch server first (:mod:`ppbook.zygote`), and then
+:func:`torchrun` and :func:`python` fork the ranks from it instead of starting torchrun: the same
+script, argv and environment, without importing torch again in every process. A notebook run by a
+reader, and ``PPBOOK_LAUNCHER=torchrun``, start torchrun itself.
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import psutil
+from ppbook import zygote
+from ppbook.zygote import kill_tree  # noqa: F401 (nodes and the tests use it from here)
 
 
 class LaunchError(RuntimeError):
@@ -36,6 +42,7 @@ class RunResult:
     output: str  # stdout and stderr, interleaved as the script wrote them
     seconds: float
     data: dict | None = field(default=None)
+    forked: bool = False  # the ranks were forked from the launch server (ppbook.zygote), not started by torchrun
 
     @property
     def shell_command(self) -> str:
@@ -68,25 +75,6 @@ def script_path(name: str | Path) -> Path:
     return path
 
 
-def kill_tree(pid: int) -> None:
-    """SIGKILL a process and all its descendants.
-
-    Killing torchrun's process group is not enough: torchrun starts each rank in a session of
-    its own, so the ranks would outlive it and keep our output pipe open.
-    """
-    try:
-        parent = psutil.Process(pid)
-        family = parent.children(recursive=True) + [parent]  # collect before killing: orphans get re-parented
-    except psutil.NoSuchProcess:
-        return
-    for p in family:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(family, timeout=10)
-
-
 def child_env() -> dict:
     """The environment of a launched script: unbuffered output, no progress bars."""
     env = dict(os.environ)
@@ -96,38 +84,57 @@ def child_env() -> dict:
     return env
 
 
-def _run(command: list[str], timeout: float, cwd: Path, expect_json: Path | None, check: bool) -> RunResult:
+def _run(command: list[str], timeout: float, cwd: Path, expect_json: Path | None, check: bool,
+         fork: tuple[Path, list[str], int | None] | None = None) -> RunResult:
+    """Run ``command``; with ``fork`` (script, args, ranks or ``None`` for a plain process), fork
+    the ranks from the launch server instead when one runs (:mod:`ppbook.zygote`): the same
+    script, argv and environment, without paying torch's imports again."""
     env = child_env()
     t0 = time.perf_counter()
-    proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
     try:
-        output, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        kill_tree(proc.pid)
-        output, _ = proc.communicate(timeout=30)
-        raise LaunchError(f"timed out after {timeout:.0f} s (all ranks killed): {shlex.join(command)}\n"
-                          f"--- last output ---\n{output[-4000:]}") from None
+        forked = zygote.run(*fork, cwd=cwd, env=env, timeout=timeout) if fork is not None else None
+    except zygote.Timeout as e:
+        raise LaunchError(_timed_out(command, timeout, e.output)) from None
+    if forked is not None:
+        returncode, output = forked
+    else:
+        proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, start_new_session=True)
+        try:
+            output, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_tree(proc.pid)
+            output, _ = proc.communicate(timeout=30)
+            raise LaunchError(_timed_out(command, timeout, output)) from None
+        returncode = proc.returncode
     seconds = time.perf_counter() - t0
-    result = RunResult(command, proc.returncode, output, seconds)
-    if check and proc.returncode != 0:
-        raise LaunchError(f"exit status {proc.returncode}: {result.shell_command}\n--- last output ---\n{output[-4000:]}")
-    if expect_json is not None and proc.returncode == 0:
+    result = RunResult(command, returncode, output, seconds, forked=forked is not None)
+    if check and returncode != 0:
+        raise LaunchError(f"exit status {returncode}: {result.shell_command}\n--- last output ---\n{output[-4000:]}")
+    if expect_json is not None and returncode == 0:
         if not expect_json.is_file():
             raise LaunchError(f"the script exited 0 but wrote no JSON to {expect_json}: {result.shell_command}")
         result.data = json.loads(expect_json.read_text())
     return result
 
 
-def _launch(prefix: list[str], script: str, args, timeout: float, check: bool, json_result: bool) -> RunResult:
+def _timed_out(command: list[str], timeout: float, output: str) -> str:
+    return (f"timed out after {timeout:.0f} s (all ranks killed): {shlex.join(command)}\n"
+            f"--- last output ---\n{output[-4000:]}")
+
+
+def _launch(prefix: list[str], script: str, args, timeout: float, check: bool, json_result: bool,
+            nproc: int | None = None, forkable: bool = False) -> RunResult:
     root = repo_root()
     with tempfile.TemporaryDirectory(prefix="ppbook-") as tmp:
         out = Path(tmp) / "result.json"
         extra = ["--json", str(out)] if json_result else []
         path = script_path(script)
         shown = path.relative_to(root) if path.is_relative_to(root) else path
-        command = [*prefix, str(shown), *map(str, args), *extra]
-        return _run(command, timeout, root, out if json_result else None, check)
+        args = [*map(str, args), *extra]
+        command = [*prefix, str(shown), *args]
+        fork = (shown, args, nproc) if forkable else None
+        return _run(command, timeout, root, out if json_result else None, check, fork)
 
 
 def torchrun(script: str, args: list[str] | tuple = (), nproc: int = 2, timeout: float = 120.0,
@@ -143,13 +150,13 @@ def torchrun(script: str, args: list[str] | tuple = (), nproc: int = 2, timeout:
         raise ValueError(f"nproc must be at least 1, got {nproc}")
     prefix = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
               *map(str, torchrun_args)]
-    return _launch(prefix, script, args, timeout, check, json_result)
+    return _launch(prefix, script, args, timeout, check, json_result, nproc, forkable=not torchrun_args)
 
 
 def python(script: str, args: list[str] | tuple = (), timeout: float = 120.0, check: bool = True,
            json_result: bool = True) -> RunResult:
     """Run ``scripts/<script>`` as one plain process (no torchrun), the same way."""
-    return _launch([sys.executable], script, args, timeout, check, json_result)
+    return _launch([sys.executable], script, args, timeout, check, json_result, None, forkable=True)
 
 
 def load_script(name: str | Path):

@@ -1,0 +1,370 @@
+"""Start a script's ranks by forking a process that has imported torch already: the book's build
+and the tests launch scripts this way, readers' notebooks and shells use torchrun itself.
+
+Not in any chapter: :mod:`ppbook.launch` uses it when ``PPBOOK_ZYGOTE`` names a running server.
+
+Why: a two-rank ``torchrun`` launch on a laptop CPU spends about 12 CPU-seconds before the
+script's first line runs. torchrun and each rank import torch (about 2.5 s each), and the ranks
+then import ``torch.distributed.pipelining`` (another 2 s, since it pulls in dynamo and export).
+The build and the tests launch scripts about a hundred times, so that is 20 CPU-minutes of
+imports. The server pays it once: it imports torch, then forks a *handler* for each launch,
+which forks the ranks.
+
+The handler does the job of torchrun's agent for ``--standalone --nproc-per-node N``:
+- it sets each rank's environment as torchrun does (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
+  ``MASTER_ADDR``/``MASTER_PORT``, ``TORCHELASTIC_*``; ``OMP_NUM_THREADS=1`` when N > 1 and it is
+  unset);
+- it hosts the job's TCPStore, as the agent does (``TORCHELASTIC_USE_AGENT_STORE=True``);
+- it runs the script as ``__main__`` with the launch's argv, working folder and environment;
+- when a rank fails it stops the others (SIGTERM, then SIGKILL) and reports exit status 1.
+
+The script cannot tell the difference. torchrun's own messages (its OMP warning, its failure
+summary) are not printed, and anything torchrun-specific (``torchrun_args``, several nodes)
+still runs torchrun. So does a launch whose environment differs from the server's in a variable
+that torch or Python read when they start (:data:`MUST_MATCH`). ``PPBOOK_LAUNCHER=torchrun``
+turns forking off everywhere; ``tests/test_launch_dist.py`` checks that both ways give the same
+bits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+ENV = "PPBOOK_ZYGOTE"  # the server's socket path, for every process that may launch a script
+FORCE_TORCHRUN = "PPBOOK_LAUNCHER"  # "torchrun": never fork
+# Imported once by the server: everything a companion script imports that takes long.
+PRELOAD = ("numpy", "torch", "torch.distributed.pipelining", "torch.distributed.checkpoint",
+           "torch.distributed.fsdp", "torch.distributed.tensor", "torch.nn.parallel", "tqdm", "tqdm.auto")
+# Variables read when Python, torch, OpenMP or tqdm start up: a launch whose value differs from
+# the server's would behave differently in a forked rank, so it runs torchrun instead.
+# OMP_NUM_THREADS is the exception: a rank applies it with torch.set_num_threads.
+MUST_MATCH = ("PYTHON", "TORCH", "PYTORCH", "OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS", "NUMPY",
+              "CUDA", "NCCL", "GLOO", "TQDM_", "LD_", "MALLOC", "TMPDIR")
+GRACE = 10.0  # seconds between SIGTERM and SIGKILL when a rank fails
+_MAX_MESSAGE = 1 << 20
+
+
+class Timeout(Exception):
+    """A forked launch ran past its timeout; every rank has been killed."""
+
+    def __init__(self, output: str):
+        super().__init__("timed out")
+        self.output = output
+
+
+# ----------------------------------------------------------------------------- the client side
+
+def _differs(env: dict, server_env: dict) -> list[str]:
+    """The variables of :data:`MUST_MATCH` whose values differ between ``env`` and the server's."""
+    keys = {k for k in (*env, *server_env) if k.startswith(MUST_MATCH) and k != "OMP_NUM_THREADS"}
+    return sorted(k for k in keys if env.get(k) != server_env.get(k))
+
+
+def _connect() -> socket.socket | None:
+    """A connection to the running server, or ``None`` when there is none or forking is off."""
+    path = os.environ.get(ENV)
+    if not path or os.environ.get(FORCE_TORCHRUN) == "torchrun" or not hasattr(socket, "send_fds"):
+        return None
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        sock.connect(path)
+    except OSError:
+        sock.close()
+        return None
+    return sock
+
+
+def run(script: Path, args: list[str], nproc: int | None, cwd: Path, env: dict,
+        timeout: float) -> tuple[int, str] | None:
+    """Run ``script`` with ``args`` on ``nproc`` forked ranks (``None``: one plain process, as
+    ``python script``), and return ``(exit status, output)``; ``None`` when it must run the usual
+    way instead (no server, or an environment the server cannot give the ranks).
+    Raises :class:`Timeout` after ``timeout`` seconds, with every rank killed."""
+    sock = _connect()
+    if sock is None:
+        return None
+    read_end, write_end = os.pipe()
+    deadline = time.monotonic() + timeout
+    try:
+        request = {"script": str(script), "args": [str(a) for a in args], "nproc": nproc, "cwd": str(cwd),
+                   "env": env}
+        socket.send_fds(sock, [json.dumps(request).encode()], [write_end])
+        os.close(write_end)
+        write_end = None
+        reply = _receive(sock, deadline)
+        if not reply or "refused" in reply:  # the environment differs, or the server is gone or stuck
+            return None
+        handler = reply["pid"]
+        chunks = []
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([read_end], [], [], left)[0]:
+                kill_tree(handler)
+                raise Timeout(b"".join(chunks).decode(errors="replace"))
+            chunk = os.read(read_end, 65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+        output = b"".join(chunks).decode(errors="replace")
+        status = _receive(sock, deadline)
+        if status is None:
+            kill_tree(handler)
+            raise Timeout(output)
+        if not status:  # the handler was killed before it could say how the ranks ended
+            return 1, output + "\nppbook.zygote: the launch's handler died before its ranks' exit status came back\n"
+        return status["returncode"], output
+    finally:
+        os.close(read_end)
+        if write_end is not None:
+            os.close(write_end)
+        sock.close()
+
+
+def _receive(sock: socket.socket, deadline: float) -> dict | None:
+    """The next message: ``None`` at the deadline, ``{}`` when the other side has closed."""
+    left = deadline - time.monotonic()
+    if left <= 0 or not select.select([sock], [], [], left)[0]:
+        return None
+    data = sock.recv(_MAX_MESSAGE)
+    return json.loads(data) if data else {}
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and all its descendants.
+
+    Killing torchrun's process group is not enough: torchrun starts each rank in a session of
+    its own (and so does a forked launch), so the ranks would outlive it and keep our output
+    pipe open.
+    """
+    import psutil
+
+    try:
+        parent = psutil.Process(pid)
+        family = parent.children(recursive=True) + [parent]  # collect before killing: orphans get re-parented
+    except psutil.NoSuchProcess:
+        return
+    for p in family:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+    psutil.wait_procs(family, timeout=10)
+
+
+# ----------------------------------------------------------------------------- starting a server
+
+def start(env: dict, log: Path | None = None) -> subprocess.Popen:
+    """Start a server for processes with environment ``env`` (and their children), and set
+    ``PPBOOK_ZYGOTE`` in this process's environment. It exits with the process that started it.
+    Returns at once: the server imports torch while the caller goes on, and answers launches
+    made meanwhile when it is ready."""
+    folder = Path(tempfile.mkdtemp(prefix="ppbook-zygote-"))
+    path = folder / "socket"
+    out = open(log or folder / "log", "ab")
+    server = subprocess.Popen([sys.executable, "-u", "-m", "ppbook.zygote", str(path), str(os.getpid())],
+                              env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                              start_new_session=True)
+    out.close()
+    deadline = time.monotonic() + 60
+    while not path.exists():  # it listens before it imports anything heavy
+        if server.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the launch server did not start; see {log or folder / 'log'}")
+        time.sleep(0.02)
+    os.environ[ENV] = str(path)
+    return server
+
+
+def stop(server: subprocess.Popen) -> None:
+    """Stop a server started by :func:`start`, and every launch it still runs."""
+    kill_tree(server.pid)
+    path = os.environ.get(ENV)
+    if path:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+    os.environ.pop(ENV, None)
+
+
+# ----------------------------------------------------------------------------- the server side
+
+def _exit_with_parent(parent: int) -> None:
+    """Ask Linux to SIGTERM this process when the thread that started it ends."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # it ended before we asked
+        sys.exit(0)
+
+
+def serve(path: str, parent: int) -> None:
+    _exit_with_parent(parent)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(path + ".tmp")
+    listener.listen(128)
+    os.rename(path + ".tmp", path)  # connect() now queues until accept() below
+    t0 = time.perf_counter()
+    server_env = dict(os.environ)
+    for name in PRELOAD:
+        importlib.import_module(name)
+    # What the imports set themselves (TORCHINDUCTOR_CACHE_DIR): a launch may differ in these, since
+    # a rank that imports the same modules sets them again as it would under torchrun.
+    own = sorted(k for k in os.environ if k not in server_env)
+    print(f"zygote {os.getpid()}: imported {', '.join(PRELOAD)} in {time.perf_counter() - t0:.1f} s", flush=True)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # handlers are reaped by the kernel
+    while True:
+        conn, _ = listener.accept()
+        if os.fork() == 0:
+            listener.close()
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            try:
+                _handle(conn, server_env, own)
+            finally:
+                os._exit(0)
+        conn.close()
+
+
+def _handle(conn: socket.socket, server_env: dict, own: list[str]) -> None:
+    data, fds, _, _ = socket.recv_fds(conn, _MAX_MESSAGE, 1)
+    if not data or not fds:
+        return
+    output = fds[0]
+    request = json.loads(data)
+    env = request["env"]
+    differ = [k for k in _differs(env, server_env) if k not in own]
+    if differ:
+        conn.send(json.dumps({"refused": differ}).encode())
+        print(f"handler {os.getpid()}: {Path(request['script']).name}: runs torchrun, since these differ: "
+              f"{', '.join(differ)}", flush=True)
+        return
+    conn.send(json.dumps({"pid": os.getpid()}).encode())
+    t0 = time.perf_counter()
+    nproc = request["nproc"]
+    ranks = {}  # pid -> (rank, the write end of the pipe that gives it the store's port)
+    for rank in range(nproc or 1):
+        port_read, port_write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(port_write)
+            _rank(request, rank, output, port_read)  # never returns
+        os.close(port_read)
+        ranks[pid] = (rank, port_write)
+    os.close(output)
+    store = None
+    if nproc is not None:  # host the job's store, as torchrun's agent does
+        from torch.distributed import TCPStore
+
+        store = TCPStore("localhost", 0, world_size=None, is_master=True, wait_for_workers=False)
+    for _, port_write in ranks.values():
+        os.write(port_write, f"{store.port if store else 0}\n".encode())
+        os.close(port_write)
+    returncode = _wait(set(ranks), plain=nproc is None)
+    conn.send(json.dumps({"returncode": returncode}).encode())
+    print(f"handler {os.getpid()}: {Path(request['script']).name} {' '.join(request['args'][:6])}"
+          f"{' ...' if len(request['args']) > 6 else ''} on {nproc or 'python'}: exit {returncode} "
+          f"in {time.perf_counter() - t0:.1f} s", flush=True)
+
+
+def _wait(pids: set[int], plain: bool) -> int:
+    """Wait for every rank; after the first failure stop the rest, as torchrun does. The exit
+    status: torchrun's (1 if any rank failed), or a plain process's own (``-N`` for signal N)."""
+    failed_at, first = None, 0
+    while pids:
+        pid, status = os.waitpid(-1, os.WNOHANG)
+        if pid == 0:
+            if failed_at is not None and time.monotonic() - failed_at > GRACE:
+                for p in pids:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(p, signal.SIGKILL)
+            time.sleep(0.02)
+            continue
+        pids.discard(pid)
+        code = os.waitstatus_to_exitcode(status)
+        if code != 0 and failed_at is None:
+            failed_at, first = time.monotonic(), code
+            for p in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p, signal.SIGTERM)
+    return first if plain else int(failed_at is not None)
+
+
+def _rank(request: dict, rank: int, output: int, port_read: int) -> None:
+    """In the forked rank: take the launch's streams, folder, environment and argv, and run the
+    script as ``__main__``. Exits the process with the script's exit status."""
+    code = 1
+    try:
+        with os.fdopen(port_read) as f:
+            port = f.readline().strip()
+        os.dup2(output, 1)
+        os.dup2(output, 2)
+        os.close(output)
+        os.setsid()  # torchrun starts each rank in a session of its own too
+        os.chdir(request["cwd"])
+        env = dict(request["env"])
+        nproc = request["nproc"]
+        if nproc is not None:
+            if nproc > 1:
+                env.setdefault("OMP_NUM_THREADS", "1")
+            env.update(RANK=str(rank), LOCAL_RANK=str(rank), GROUP_RANK="0", ROLE_RANK=str(rank),
+                       ROLE_NAME="default", LOCAL_WORLD_SIZE=str(nproc), WORLD_SIZE=str(nproc),
+                       GROUP_WORLD_SIZE="1", ROLE_WORLD_SIZE=str(nproc), MASTER_ADDR="localhost",
+                       MASTER_PORT=port, TORCHELASTIC_RESTART_COUNT="0", TORCHELASTIC_MAX_RESTARTS="0",
+                       TORCHELASTIC_RUN_ID=uuid.uuid4().hex, TORCHELASTIC_USE_AGENT_STORE="True")
+            env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+        os.environ.clear()
+        os.environ.update(env)
+        if "OMP_NUM_THREADS" in env:
+            import torch
+
+            torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
+        script = os.path.abspath(request["script"])
+        sys.argv = [request["script"], *request["args"]]
+        sys.path[0] = os.path.dirname(script)
+        import runpy
+
+        code = _exit_code(lambda: runpy.run_path(script, run_name="__main__"))
+    except BaseException:  # in the set-up above: say what went wrong in the launch's output
+        with contextlib.suppress(BaseException):
+            sys.excepthook(*sys.exc_info())
+    finally:
+        with contextlib.suppress(BaseException):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+
+def _exit_code(main) -> int:
+    """Run ``main`` as the interpreter runs a script: the status of ``SystemExit``, 1 with the
+    traceback printed for any other exception (through ``sys.excepthook``, which
+    ``init_process_group`` replaces to prefix ``[rankN]:``), 0 otherwise; then the atexit hooks."""
+    import atexit
+
+    try:
+        main()
+        code = 0
+    except SystemExit as e:
+        if e.code is None:
+            code = 0
+        elif isinstance(e.code, int):
+            code = e.code
+        else:
+            print(e.code, file=sys.stderr)
+            code = 1
+    except BaseException:
+        sys.excepthook(*sys.exc_info())
+        code = 1
+    atexit._run_exitfuncs()
+    return code
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1], int(sys.argv[2]))
