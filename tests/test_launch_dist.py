@@ -134,6 +134,27 @@ def test_forked_ranks_see_what_torchrun_gives_them(tmp_path, server, monkeypatch
 
 
 @pytest.mark.torchrun
+@pytest.mark.parametrize("omp", [None, "1", "2"])
+def test_a_forked_plain_process_takes_the_threads_a_fresh_one_would(tmp_path, server, monkeypatch, omp):
+    """OpenMP read the server's OMP_NUM_THREADS when it loaded torch; a forked plain process
+    still gets the launch's own (or one thread per CPU when it has none)."""
+    script = write(tmp_path, """
+        import json, os, sys, torch
+        json.dump({"threads": torch.get_num_threads(), "omp": os.environ.get("OMP_NUM_THREADS")},
+                  open(sys.argv[sys.argv.index("--json") + 1], "w"))
+    """)
+    if omp is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", omp)
+    forked = launch.python(script, timeout=60)
+    monkeypatch.setenv(server.FORCE_TORCHRUN, "torchrun")
+    fresh = launch.python(script, timeout=60)
+    assert forked.forked and not fresh.forked
+    assert forked.data == fresh.data and fresh.data["omp"] == omp
+
+
+@pytest.mark.torchrun
 def test_forked_pipeline_has_the_bits_of_torchrun(server, monkeypatch):
     forked = launch.torchrun("01_first_pipeline.py", nproc=2, timeout=60)
     monkeypatch.setenv(server.FORCE_TORCHRUN, "torchrun")

@@ -49,7 +49,7 @@ PRELOAD = ("numpy", "torch", "torch.distributed.pipelining", "torch.distributed.
            "torch.distributed.fsdp", "torch.distributed.tensor", "torch.nn.parallel", "tqdm", "tqdm.auto")
 # Variables read when Python, torch, OpenMP or tqdm start up: a launch whose value differs from
 # the server's would behave differently in a forked rank, so it runs torchrun instead.
-# OMP_NUM_THREADS is the exception: a rank applies it with torch.set_num_threads.
+# OMP_NUM_THREADS is the exception: a rank applies its own with torch.set_num_threads.
 MUST_MATCH = ("PYTHON", "TORCH", "PYTORCH", "OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS", "NUMPY",
               "CUDA", "NCCL", "GLOO", "TQDM_", "LD_", "MALLOC", "TMPDIR")
 GRACE = 10.0  # seconds between SIGTERM and SIGKILL when a rank fails
@@ -322,10 +322,12 @@ def _rank(request: dict, rank: int, output: int, port_read: int) -> None:
             env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
         os.environ.clear()
         os.environ.update(env)
-        if "OMP_NUM_THREADS" in env:
-            import torch
+        # OpenMP read the server's OMP_NUM_THREADS when torch loaded: give this rank what a fresh
+        # process would take, its own OMP_NUM_THREADS or else one thread per CPU it may run on
+        import torch
 
-            torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
+        torch.set_num_threads(int(env["OMP_NUM_THREADS"]) if env.get("OMP_NUM_THREADS")
+                              else len(os.sched_getaffinity(0)))
         script = os.path.abspath(request["script"])
         sys.argv = [request["script"], *request["args"]]
         sys.path[0] = os.path.dirname(script)
