@@ -138,19 +138,22 @@ def _launch(prefix: list[str], script: str, args, timeout: float, check: bool, j
 
 
 def torchrun(script: str, args: list[str] | tuple = (), nproc: int = 2, timeout: float = 120.0,
-             check: bool = True, json_result: bool = True, torchrun_args: list[str] | tuple = ()) -> RunResult:
+             check: bool = True, json_result: bool = True, torchrun_args: list[str] | tuple = (),
+             fork: bool = True) -> RunResult:
     """Launch ``scripts/<script>`` on ``nproc`` local processes with ``torchrun --standalone``.
 
     With ``json_result`` the script gets ``--json <tmpfile>`` appended and its content is
     returned as ``.data``. With ``check=False`` a failing script returns its result instead of
     raising, for chapters and tests that show an error on purpose. ``torchrun_args`` go to
-    torchrun itself, e.g. ``["--max-restarts", "1"]`` (chapter 7).
+    torchrun itself, e.g. ``["--max-restarts", "1"]`` (chapter 7). With a launch server running
+    (the build, the tests) the ranks are forked from it unless ``fork=False`` or ``torchrun_args``
+    are given.
     """
     if nproc < 1:
         raise ValueError(f"nproc must be at least 1, got {nproc}")
     prefix = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
               *map(str, torchrun_args)]
-    return _launch(prefix, script, args, timeout, check, json_result, nproc, forkable=not torchrun_args)
+    return _launch(prefix, script, args, timeout, check, json_result, nproc, forkable=fork and not torchrun_args)
 
 
 def python(script: str, args: list[str] | tuple = (), timeout: float = 120.0, check: bool = True,
