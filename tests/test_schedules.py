@@ -54,6 +54,26 @@ def test_torchs_description_of_1f1b_is_wrong_and_torch_order_corrects_it():
         assert wrong == [p - 1], (p, m, wrong)
 
 
+def test_schedule_ops_are_those_of_torchs_visualizer():
+    """simulate.schedule_ops builds torch's orders with a cheaper mock stage than torch's
+    get_schedule_ops; every schedule, a few shapes, the same actions or the same refusal."""
+    from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
+
+    def actions(build):
+        try:
+            return [[str(a) for a in rank] for rank in build()]
+        except ValueError as e:
+            return str(e)
+
+    for name in NAMES:
+        for p in (2, 3):
+            for v in ((2, 3) if stages.placement(name) == "loop" else (2,)):
+                k = stages.stages_per_rank(name, v)
+                for m in (p - 1, p, 2 * p, 2 * p + 1):
+                    assert actions(lambda: simulate.schedule_ops(name, p, m, k)) == \
+                        actions(lambda: get_schedule_ops(name, p, m, num_stages_per_rank=k)), (name, p, m, v)
+
+
 def test_schedule_problem_agrees_with_torch():
     """The up-front validation refuses exactly what torch refuses, for every schedule."""
     for name in NAMES:

@@ -77,14 +77,32 @@ def torch_order(name: str, p: int, m: int, v: int = 2) -> Order:
 
 
 @functools.lru_cache(maxsize=256)
-def _torch_order(name: str, p: int, m: int, v: int) -> Order:  # torch builds some orders slowly (seconds at p = 8)
+def _torch_order(name: str, p: int, m: int, v: int) -> Order:  # some orders take torch seconds to build at p = 8
     if name == "1F1B":
         if m < p:
             raise ValueError(f"Number of microbatches ({m}) must be greater than or equal to the number of stages ({p}).")
         return one_f_one_b_order(p, m)
-    from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
+    return _from_torch(schedule_ops(name, p, m, stages_per_rank(name, v)))
 
-    return _from_torch(get_schedule_ops(name, p, m, num_stages_per_rank=stages_per_rank(name, v)))
+
+def schedule_ops(name: str, p: int, m: int, per_rank: int) -> list[list]:
+    """Each rank's actions as torch's ``Schedule<name>`` lists them in ``pipeline_order``: what
+    torch's ``_schedule_visualizer.get_schedule_ops(name, p, m, num_stages_per_rank=per_rank)``
+    returns, built the same way (the class instantiated on mock stages), but with a plain
+    ``NonCallableMagicMock(spec=PipelineStage)``: torch makes its mock with ``create_autospec``,
+    which takes about 80 ms per call, most of the time of a small order.
+    ``tests/test_schedules.py`` checks that both give the same actions."""
+    from unittest import mock
+
+    from torch.distributed.pipelining.schedules import PipelineScheduleSingle, get_schedule_class
+    from torch.distributed.pipelining.stage import PipelineStage
+
+    schedule_class = get_schedule_class(name)
+    stage = mock.NonCallableMagicMock(spec=PipelineStage)
+    stage.group_rank, stage.group_size, stage.submod, stage.num_stages = 0, p, None, per_rank * p
+    single = issubclass(schedule_class, PipelineScheduleSingle)
+    schedule = schedule_class(stage if single else [stage] * per_rank, m)
+    return [schedule.pipeline_order[rank] for rank in range(p)]
 
 
 def _from_torch(ops) -> Order:
