@@ -70,33 +70,46 @@ def pages(site) -> list[str]:
     return ["index.html"] + sorted(str(p.relative_to(root)) for p in (root / "book").glob("*.html"))
 
 
-def test_every_page_loads_without_console_errors(site):
+# Every figure's size and how many colours it has (sampling every 7th pixel), drawn on a canvas.
+IMAGE_STATS = """(im) => {
+    const c = document.createElement('canvas');
+    c.width = im.naturalWidth; c.height = im.naturalHeight;
+    const ctx = c.getContext('2d'); ctx.drawImage(im, 0, 0);
+    const d = ctx.getImageData(0, 0, c.width, c.height).data;
+    const colours = new Set();
+    for (let i = 0; i < d.length; i += 4 * 7) colours.add(d[i] << 16 | d[i+1] << 8 | d[i+2]);
+    return {w: im.naturalWidth, h: im.naturalHeight, colours: colours.size};
+}"""
+
+
+@pytest.fixture(scope="module")
+def every_page(site) -> dict[str, dict]:
+    """Each page visited once (a visit waits for typesetting and drawing, so the tests below
+    share it): its title, console errors, failed requests and figures."""
+    seen = {}
     for rel in pages(site):
         page, errors, missing = visit(site, rel)
-        assert page.title().strip(), rel
-        assert not real_missing(missing), (rel, real_missing(missing))
-        assert not real_errors(errors), (rel, real_errors(errors))
+        seen[rel] = {"title": page.title().strip(), "errors": errors, "missing": missing,
+                     "images": [img.evaluate(IMAGE_STATS)
+                                for img in page.query_selector_all("article img[src*='_images/']")]}
         page.close()
+    return seen
 
 
-def test_figures_have_real_pixels(site):
+def test_every_page_loads_without_console_errors(every_page):
+    for rel, seen in every_page.items():
+        assert seen["title"], rel
+        assert not real_missing(seen["missing"]), (rel, real_missing(seen["missing"]))
+        assert not real_errors(seen["errors"]), (rel, real_errors(seen["errors"]))
+
+
+def test_figures_have_real_pixels(every_page):
     checked = 0
-    for rel in pages(site):
-        page, _, _ = visit(site, rel)
-        for img in page.query_selector_all("article img[src*='_images/']"):
-            stats = img.evaluate("""(im) => {
-                const c = document.createElement('canvas');
-                c.width = im.naturalWidth; c.height = im.naturalHeight;
-                const ctx = c.getContext('2d'); ctx.drawImage(im, 0, 0);
-                const d = ctx.getImageData(0, 0, c.width, c.height).data;
-                const colours = new Set();
-                for (let i = 0; i < d.length; i += 4 * 7) colours.add(d[i] << 16 | d[i+1] << 8 | d[i+2]);
-                return {w: im.naturalWidth, h: im.naturalHeight, colours: colours.size};
-            }""")
+    for rel, seen in every_page.items():
+        for stats in seen["images"]:
             assert stats["w"] > 100 and stats["h"] > 100, (rel, stats)
             assert stats["colours"] > 20, (rel, stats)  # a plot, not a blank or single-colour image
             checked += 1
-        page.close()
     assert checked >= 1
 
 
