@@ -56,6 +56,17 @@ def test_pdf_reuses_the_executed_cache(pdf):
     assert "Executing notebook" not in log  # every page came from the build's execution cache
 
 
+def test_pdf_leaves_the_executed_notebooks_their_outputs(pdf):
+    """The singlehtml build takes every page from the cache, and myst-nb then writes
+    ``jupyter_execute/`` without outputs; ``make_pdf`` writes them back, or a later
+    ``make notebooks`` would find no glued values and the download copies no outputs."""
+    import nbformat
+
+    executed = [nbformat.read(p, as_version=4) for p in sorted((pdf.parent / "jupyter_execute" / "book").glob("*.ipynb"))]
+    with_outputs = sum(any(c.get("outputs") for c in nb.cells if c.cell_type == "code") for nb in executed)
+    assert executed and with_outputs >= len(executed) // 2, (with_outputs, len(executed))
+
+
 def test_pdf_pages_have_the_text_of_every_chapter(pdf):
     text = subprocess.run([tool("pdftotext"), str(pdf / "book.pdf"), "-"], capture_output=True, text=True,
                           check=True).stdout

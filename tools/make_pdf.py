@@ -101,6 +101,12 @@ def build_singlehtml(root: Path, path_output: Path | None) -> Path:
     log.write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
         raise RuntimeError(f"the singlehtml build failed (exit {proc.returncode}):\n{(proc.stdout + proc.stderr)[-4000:]}")
+    # myst-nb, taking every page from the cache, has just written _build/jupyter_execute/ again
+    # without outputs; `make notebooks` reads glued values from there, so write them back
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from build_book import write_executed
+
+    write_executed(root, (path_output or root) / "_build")
     import yaml
 
     master = yaml.safe_load((root / "_toc.yml").read_text())["root"]  # index.html only redirects there
