@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -49,13 +50,23 @@ class BookBuild:
         with open(self.log, "w") as log:
             self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                                          start_new_session=True)
-        self.deadline = time.monotonic() + BOOK_BUILD_TIMEOUT_S
+        self.started = time.monotonic()
+        self.deadline = self.started + BOOK_BUILD_TIMEOUT_S
+        self.ended = self.waited = None
+        threading.Thread(target=self._note_the_end, daemon=True).start()
+
+    def _note_the_end(self) -> None:
+        self.proc.wait()
+        self.ended = time.monotonic()
 
     def wait(self) -> Path:
         from ppbook import launch
 
+        t0 = time.monotonic()
         try:
             self.proc.wait(timeout=max(1.0, self.deadline - time.monotonic()))
+            if self.waited is None:
+                self.waited = time.monotonic() - t0
         except subprocess.TimeoutExpired:
             launch.kill_tree(self.proc.pid)
             pytest.fail(f"the book build took over {BOOK_BUILD_TIMEOUT_S} s (killed); log: {self.log}")
@@ -102,6 +113,15 @@ def pytest_sessionfinish(session):
         from ppbook import zygote
 
         zygote.stop(server)
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """Where the session's time went around the book build, for the CI log."""
+    build = config.stash.get(BOOK_KEY, None)
+    if build is not None and build.ended is not None:
+        waited = f"; the tests that read it waited {build.waited:.0f} s for it" if build.waited is not None else ""
+        terminalreporter.write_line(f"book build: {build.ended - build.started:.0f} s from the end of collection"
+                                    f" (exit {build.proc.returncode}){waited}")
 
 
 @pytest.fixture(scope="session")

@@ -105,7 +105,7 @@ def page(data: dict | None = None) -> str:
     data = grid() if data is None else data
     script = resources.files("ppbook").joinpath("explorer.js").read_text()
     payload = json.dumps(data, separators=(",", ":")).replace("</", "<\\/")
-    controls = [f'<label>schedule <select id="ppx-schedule">'
+    controls = ['<label>schedule <select id="ppx-schedule">'
                 + "".join(f'<option value="{html.escape(n)}">{html.escape(n)}</option>' for n in GRID["schedule"])
                 + "</select></label>"]
     for name in ("p", "m", "v", "F", "I", "W"):
