@@ -26,3 +26,23 @@ def test_bad_input_is_printed_by_global_rank_0_only(monkeypatch, capsys, rank, p
     err = capsys.readouterr().err
     assert status == 2  # every rank exits with the same status
     assert err == ("probe.py: error: --batch-size 6 must split into --microbatches 4\n" if prints else "")
+
+
+def test_a_raising_body_keeps_the_process_group_until_its_traceback_is_out(monkeypatch):
+    # Tearing down in a ``finally`` closed the culprit's connections before Python printed its
+    # traceback; a peer then failed with "Connection closed by peer", exited, and the launcher
+    # killed the culprit, so the output named only the peer (chapter A3's root cause went missing).
+    events = []
+    monkeypatch.setattr(cli.ppdist, "setup", lambda device, timeout_s: events.append("setup") or "info")
+    monkeypatch.setattr(cli.ppdist, "teardown", lambda: events.append("teardown"))
+    args = argparse.Namespace(device="cpu", timeout=60)
+
+    def fails(args, info):
+        raise TypeError("forward() takes 2 positional arguments but 3 were given")
+
+    with pytest.raises(TypeError, match="positional arguments"):
+        cli.run("probe.py", args, lambda args, world_size: None, fails)
+    assert events == ["setup"]
+    events.clear()
+    assert cli.run("probe.py", args, lambda args, world_size: None, lambda args, info: 3) == 3
+    assert events == ["setup", "teardown"]

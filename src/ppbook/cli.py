@@ -99,10 +99,14 @@ def run(script: str, args: argparse.Namespace, validate: Callable[[argparse.Name
         dev = ppdist.pick_device(0, args.device)
         return body(args, ppdist.DistInfo(0, 1, 0, dev, "none"))
     info = ppdist.setup(args.device, timeout_s=args.timeout)
-    try:
-        return body(args, info)
-    finally:
-        ppdist.teardown()
+    status = body(args, info)
+    # Not in a ``finally``: a rank whose body raised must print its traceback before its process
+    # group goes. Destroying the group first ends the peers' waits ("Connection closed by peer"),
+    # a peer exits, and the launcher kills the remaining ranks, the culprit included, before the
+    # culprit's own traceback is out (chapter A3 lost its root cause that way). The exit of a
+    # raising rank closes its connections after Python has printed the traceback.
+    ppdist.teardown()
+    return status
 
 
 def write_json(path: str | None, data: dict) -> None:
