@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -23,6 +24,14 @@ def pytest_configure(config):
 #: The whole book from an empty cache: about 11 minutes on an idle 2-core machine, and longer while
 #: the other tests share the cores with it. The build is one subprocess with its own timeout.
 BOOK_BUILD_TIMEOUT_S = 3000
+PDF_TIMEOUT_S = 600
+
+
+def _make_pdf():
+    sys.path.insert(0, str(ROOT / "tools"))
+    import make_pdf
+
+    return make_pdf
 
 
 def _uses_book(item) -> bool:
@@ -43,9 +52,16 @@ def pytest_collection_modifyitems(config, items):
 class BookBuild:
     """``make book``'s build (``tools/build_book.py``) into a fresh folder, running in the background."""
 
-    def __init__(self, config):
+    def __init__(self, config, pdf: bool = False):
         self.out = config._tmp_path_factory.mktemp("book")  # pytest's basetemp: the last 3 sessions kept
         self.log = self.out / "build.log"
+        # ``make pdf`` of this build, started the moment it ends: in a folder of its own, since its
+        # singlehtml build rewrites jupyter_execute/, which other tests read
+        self.pdf_out = config._tmp_path_factory.mktemp("pdf") if pdf else None
+        self.pdf_proc = None
+        self.pdf_decided = threading.Event()  # set once the PDF has started, or will not
+        self.lock = threading.Lock()
+        self.stopped = False
         cmd = [sys.executable, str(ROOT / "tools" / "build_book.py"), "--path-output", str(self.out)]
         with open(self.log, "w") as log:
             self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
@@ -58,6 +74,19 @@ class BookBuild:
     def _note_the_end(self) -> None:
         self.proc.wait()
         self.ended = time.monotonic()
+        try:
+            with self.lock:
+                if self.pdf_out is not None and self.proc.returncode == 0 and not self.stopped \
+                        and _make_pdf().chromium_path() is not None:
+                    cache = self.out / "_build" / ".jupyter_cache"
+                    shutil.copytree(cache, self.pdf_out / "_build" / ".jupyter_cache")
+                    with open(self.pdf_out / "pdf.log", "w") as log:
+                        self.pdf_proc = subprocess.Popen(
+                            [sys.executable, str(ROOT / "tools" / "make_pdf.py"), "--path-output", str(self.pdf_out)],
+                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                    self.pdf_deadline = time.monotonic() + PDF_TIMEOUT_S
+        finally:
+            self.pdf_decided.set()
 
     def wait(self) -> Path:
         from ppbook import launch
@@ -76,11 +105,36 @@ class BookBuild:
         assert (html / "index.html").is_file(), text[-3000:]
         return html
 
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            from ppbook import launch
+    def wait_pdf(self) -> Path:
+        """The folder of the PDF made from this build (``make pdf --path-output``)."""
+        from ppbook import launch
 
-            launch.kill_tree(self.proc.pid)
+        self.wait()
+        self.pdf_decided.wait(timeout=120)  # a copy of a few MB after the build's end
+        if self.pdf_proc is None:
+            if _make_pdf().chromium_path() is None:
+                if os.environ.get("CI"):
+                    pytest.fail("chromium is missing in CI: `make test` should have installed it "
+                                "(tools/ensure_chromium.sh)")
+                pytest.skip("no chromium here; run tools/ensure_chromium.sh")
+            pytest.fail("the PDF build did not start (the session asked for no PDF when collection ended)")
+        try:
+            self.pdf_proc.wait(timeout=max(1.0, self.pdf_deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            launch.kill_tree(self.pdf_proc.pid)
+            pytest.fail(f"the PDF build took over {PDF_TIMEOUT_S} s (killed); log: {self.pdf_out / 'pdf.log'}")
+        text = (self.pdf_out / "pdf.log").read_text()
+        assert self.pdf_proc.returncode == 0, f"make pdf failed (exit {self.pdf_proc.returncode}):\n{text[-6000:]}"
+        return self.pdf_out / "_build" / "pdf"
+
+    def stop(self) -> None:
+        from ppbook import launch
+
+        with self.lock:
+            self.stopped = True
+        for proc in (self.proc, self.pdf_proc):
+            if proc is not None and proc.poll() is None:
+                launch.kill_tree(proc.pid)
 
 
 BOOK_KEY = pytest.StashKey[BookBuild]()
@@ -101,7 +155,8 @@ def pytest_collection_finish(session):
         log = session.config._tmp_path_factory.mktemp("zygote") / "zygote.log"
         session.config.stash[ZYGOTE_KEY] = zygote.start(launch.child_env(), log=log)
     if any(_uses_book(item) for item in session.items):
-        session.config.stash[BOOK_KEY] = BookBuild(session.config)
+        pdf = any("built_pdf" in getattr(item, "fixturenames", ()) for item in session.items)
+        session.config.stash[BOOK_KEY] = BookBuild(session.config, pdf=pdf)
 
 
 def pytest_sessionfinish(session):
@@ -136,6 +191,14 @@ def built_book(request) -> Path:
     if build is None:  # the fixture was reached without collection starting the build
         build = request.config.stash[BOOK_KEY] = BookBuild(request.config)
     return build.wait()
+
+
+@pytest.fixture(scope="session")
+def built_pdf(built_book, request) -> Path:
+    """``make pdf`` of the session's build (its ``_build/pdf`` folder). It runs in the background
+    from the moment the build ends, beside the tests that read the HTML, instead of after them:
+    the singlehtml build and chromium's printing take about 35 s, mostly waiting."""
+    return request.config.stash[BOOK_KEY].wait_pdf()
 
 
 def assert_one_error_line(result, script: str, message: str) -> None:

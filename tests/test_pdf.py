@@ -14,7 +14,6 @@ import pytest
 from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "tools"))
-import make_pdf  # noqa: E402
 
 pytestmark = pytest.mark.book
 
@@ -38,12 +37,8 @@ def titles() -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def pdf(built_book):
-    if make_pdf.chromium_path() is None:
-        tool("chromium")
-    out = built_book.parents[1]  # the --path-output of the session's build
-    assert make_pdf.main(["--path-output", str(out)]) == 0
-    return out / "_build" / "pdf"
+def pdf(built_pdf):
+    return built_pdf  # conftest: made in the background from the session's build
 
 
 def squash(text: str) -> str:
