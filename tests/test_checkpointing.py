@@ -193,15 +193,8 @@ def test_checkpoint_records_which_rank_wrote_which_tensor(uninterrupted):
     assert writers["optim.state.layers.3.mlp.0.weight.exp_avg"] == 1
 
 
-@pytest.mark.torchrun
-def test_killed_rank_recovers_under_max_restarts(uninterrupted, tmp_path):
-    _, ref = uninterrupted
-    r = launch.torchrun(SCRIPT, [*STEPS, "--save-dir", tmp_path, "--save-every", "2", "--resume", "--check",
-                                 "--kill-rank", "1", "--kill-at-step", "5"],
-                        nproc=2, timeout=300, torchrun_args=["--max-restarts", "1"])
-    assert "[fault injection] rank 1: SIGKILL at the start of step 5" in r.output
-    assert r.data["resumed_from"] == str(tmp_path / "step-000004") and r.data["start_step"] == 4
-    assert r.data["digest"] == ref["digest"] and r.data["match"] is True
+# A rank SIGKILLed at the start of a step, under --max-restarts: chapter 7 runs and checks it (the
+# fault's line, the checkpoint it resumed from, every value equal to the uninterrupted run).
 
 
 @pytest.mark.torchrun
