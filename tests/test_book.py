@@ -128,3 +128,19 @@ def test_a_false_claim_fails_the_build(tmp_path):
     out = bad.stdout + bad.stderr
     assert bad.returncode != 0, out[-3000:]
     assert "ClaimError" in out and "tiny_stage_fits" in out, out[-3000:]
+
+
+def test_every_cell_meant_to_raise_raised(built_book):
+    """A cell tagged ``raises-exception`` lets the build pass whether or not it raises; the text
+    around it says that it fails. If a torch release fixes what the cell shows, the cell runs
+    clean and the text is wrong: the executed notebooks must hold an error for every such cell."""
+    import nbformat
+
+    tagged = 0
+    for path in sorted((built_book.parent / "jupyter_execute" / "book").glob("*.ipynb")):
+        for i, cell in enumerate(nbformat.read(path, as_version=4).cells):
+            if cell.cell_type == "code" and "raises-exception" in cell.metadata.get("tags", []):
+                tagged += 1
+                raised = [o.ename for o in cell.outputs if o.output_type == "error"]
+                assert raised, f"{path.name} cell {i} is tagged raises-exception but raised nothing:\n{cell.source}"
+    assert tagged >= 10, tagged  # the book shows a dozen failures on purpose
