@@ -144,13 +144,8 @@ def test_seed_and_reset_parameters_on_a_meta_stage_differ_from_the_full_model():
     assert linear and not any(torch.equal(dict(stage.named_parameters())[n], ref[n]) for n in linear)
 
 
-def test_peak_memory_of_a_meta_stage_is_far_below_building_the_full_model():
-    cfg = LlamaConfig(vocab_size=16000, dim=128, n_layers=8, ffn_hidden_dim=352)
-    out = split.peak_build_memory(cfg, 1, 4, timeout=240)
-    full_bytes = 4 * count_parameters(build_model(cfg))
-    assert out["full"]["stage_bytes"] == out["meta"]["stage_bytes"] < full_bytes / 4
-    assert out["full"]["peak_increase"] >= full_bytes  # the whole model was there at some point
-    assert out["meta"]["peak_increase"] < full_bytes / 2
+# The peak memory of building a stage on the meta device against building the full model first
+# (split.peak_build_memory, two fresh processes): chapter 4 measures it and checks it.
 
 
 # --- the script under torchrun ----------------------------------------------------------------
