@@ -118,8 +118,8 @@ GOOD = ["--model", "llama3-8b", "--gpus", "8", "--global-batch", "128", "--seq-l
     (["--json", "/no/such/folder/x.json"], "its folder does not exist"),
 ])
 def test_bad_requests_get_one_line_and_a_nonzero_exit(change, message, capsys):
-    """In this process (``plan.main``, argparse's exit included): the two tests below run the
-    module as a reader does, exit status and all."""
+    """In this process (``plan.main``, argparse's exit included): ``test_cli_writes_json`` runs
+    the module as a reader does, exit status and all."""
     args = list(GOOD)
     for i in range(0, len(change), 2):
         if change[i] in args:
@@ -135,9 +135,10 @@ def test_bad_requests_get_one_line_and_a_nonzero_exit(change, message, capsys):
     assert status != 0 and len(errors) == 1 and message in errors[0], out.out + out.err
 
 
-def test_a_request_nothing_fits_exits_nonzero_and_says_why():
-    r = run_cli("--model", "llama3-70b", "--gpus", "8", "--global-batch", "64", "--seq-len", "8192", "--why")
-    assert r.returncode == 1 and "nothing fits" in r.stdout and "does not fit" in r.stdout
+def test_a_request_nothing_fits_exits_nonzero_and_says_why(capsys):
+    status = plan.main(["--model", "llama3-70b", "--gpus", "8", "--global-batch", "64", "--seq-len", "8192", "--why"])
+    out = capsys.readouterr().out
+    assert status == 1 and "nothing fits" in out and "does not fit" in out
 
 
 def test_cli_writes_json(tmp_path):
