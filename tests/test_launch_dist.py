@@ -183,6 +183,28 @@ def test_a_failing_rank_stops_the_others_with_exit_status_1(tmp_path, server):
 
 
 @pytest.mark.torchrun
+def test_a_peer_of_a_failed_rank_has_time_to_say_why_it_failed(tmp_path, server):
+    """The others are not stopped the instant one rank exits: a peer whose receive ended with the
+    failed rank's connection reports it, as under torchrun (chapter A3 shows both messages).
+    Stopped at once, the peer below lost its line every time; the server waits NOTICE seconds."""
+    script = write(tmp_path, """
+        import sys, time, torch, torch.distributed as dist
+        dist.init_process_group("gloo")
+        if dist.get_rank() == 1:
+            raise ValueError("rank 1 made a mistake")
+        try:
+            dist.recv(torch.zeros(1), src=1)
+        except RuntimeError:
+            time.sleep(0.2)  # a peer that takes a moment to report, as a long traceback does
+            print("rank 0: lost my peer", flush=True)
+            sys.exit(1)
+    """)
+    r = launch.torchrun(script, nproc=2, timeout=120, check=False, json_result=False)
+    assert r.forked and r.returncode == 1
+    assert "[rank1]: ValueError: rank 1 made a mistake" in r.output and "rank 0: lost my peer" in r.output, r.output
+
+
+@pytest.mark.torchrun
 def test_an_environment_torch_reads_at_import_runs_torchrun(tmp_path, server, monkeypatch):
     """A variable torch reads when it starts cannot reach a forked rank: such a launch runs torchrun."""
     script = write(tmp_path, ENV_PROBE)

@@ -16,7 +16,8 @@ The handler does the job of torchrun's agent for ``--standalone --nproc-per-node
   unset);
 - it hosts the job's TCPStore, as the agent does (``TORCHELASTIC_USE_AGENT_STORE=True``);
 - it runs the script as ``__main__`` with the launch's argv, working folder and environment;
-- when a rank fails it stops the others (SIGTERM, then SIGKILL) and reports exit status 1.
+- when a rank fails it lets the others report their own errors for a moment (``NOTICE``), then
+  stops them (SIGTERM, then SIGKILL) and reports exit status 1.
 
 The script cannot tell the difference. torchrun's own messages (its OMP warning, its failure
 summary) are not printed, and anything torchrun-specific (``torchrun_args``, several nodes)
@@ -52,7 +53,13 @@ PRELOAD = ("numpy", "torch", "torch.distributed.pipelining", "torch.distributed.
 # OMP_NUM_THREADS is the exception: a rank applies its own with torch.set_num_threads.
 MUST_MATCH = ("PYTHON", "TORCH", "PYTORCH", "OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS", "NUMPY",
               "CUDA", "NCCL", "GLOO", "TQDM_", "LD_", "MALLOC", "TMPDIR")
-GRACE = 10.0  # seconds between SIGTERM and SIGKILL when a rank fails
+# When a rank fails, torchrun notices at its next look (every 0.1 s) and only then stops the
+# others. A peer whose connection the failed rank closed fails at once and says so ("Connection
+# closed by peer", which chapter A3 teaches readers to look past); stopped the instant the first
+# rank exited, a peer under load lost that line. So the others get NOTICE seconds to exit by
+# themselves, then SIGTERM, then after GRACE more seconds SIGKILL.
+NOTICE = 3.0
+GRACE = 10.0
 _MAX_MESSAGE = 1 << 20
 
 
@@ -277,24 +284,29 @@ def _handle(conn: socket.socket, server_env: dict, own: list[str]) -> None:
 def _wait(pids: set[int], plain: bool) -> int:
     """Wait for every rank; after the first failure stop the rest, as torchrun does. The exit
     status: torchrun's (1 if any rank failed), or a plain process's own (``-N`` for signal N)."""
-    failed_at, first = None, 0
+    failed_at, first, stopping = None, 0, False
     while pids:
         pid, status = os.waitpid(-1, os.WNOHANG)
         if pid == 0:
-            if failed_at is not None and time.monotonic() - failed_at > GRACE:
-                for p in pids:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(p, signal.SIGKILL)
+            waited = time.monotonic() - failed_at if failed_at is not None else 0.0
+            if waited > NOTICE and not stopping:
+                stopping = _signal(pids, signal.SIGTERM)
+            elif waited > NOTICE + GRACE:
+                _signal(pids, signal.SIGKILL)
             time.sleep(0.02)
             continue
         pids.discard(pid)
         code = os.waitstatus_to_exitcode(status)
         if code != 0 and failed_at is None:
             failed_at, first = time.monotonic(), code
-            for p in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(p, signal.SIGTERM)
     return first if plain else int(failed_at is not None)
+
+
+def _signal(pids: set[int], sig: int) -> bool:
+    for p in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p, sig)
+    return True
 
 
 def _rank(request: dict, rank: int, output: int, port_read: int) -> None:
