@@ -27,6 +27,14 @@ BOOK_BUILD_TIMEOUT_S = 3000
 PDF_TIMEOUT_S = 600
 
 
+def missing_tool(name: str, hint: str = "run tools/ensure_chromium.sh") -> None:
+    """A browser or PDF tool is not installed: a failure in CI, where `make test` installs it
+    (tools/ensure_chromium.sh), and a skip elsewhere."""
+    if os.environ.get("CI"):
+        pytest.fail(f"{name} is missing in CI: `make test` should have installed it (tools/ensure_chromium.sh)")
+    pytest.skip(f"no {name} here; {hint}")
+
+
 def _make_pdf():
     sys.path.insert(0, str(ROOT / "tools"))
     import make_pdf
@@ -113,10 +121,7 @@ class BookBuild:
         self.pdf_decided.wait(timeout=120)  # a copy of a few MB after the build's end
         if self.pdf_proc is None:
             if _make_pdf().chromium_path() is None:
-                if os.environ.get("CI"):
-                    pytest.fail("chromium is missing in CI: `make test` should have installed it "
-                                "(tools/ensure_chromium.sh)")
-                pytest.skip("no chromium here; run tools/ensure_chromium.sh")
+                missing_tool("chromium")
             pytest.fail("the PDF build did not start (the session asked for no PDF when collection ended)")
         try:
             self.pdf_proc.wait(timeout=max(1.0, self.pdf_deadline - time.monotonic()))

@@ -3,7 +3,6 @@ build, which reuses the execution cache instead of executing the book a second t
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -11,7 +10,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, missing_tool
 
 sys.path.insert(0, str(ROOT / "tools"))
 
@@ -21,9 +20,7 @@ pytestmark = pytest.mark.book
 def tool(name: str) -> str:
     exe = shutil.which(name)
     if exe is None:
-        if os.environ.get("CI"):
-            pytest.fail(f"{name} is missing in CI: `make test` should have installed it (tools/ensure_chromium.sh)")
-        pytest.skip(f"no {name} here; run tools/ensure_chromium.sh")
+        missing_tool(name)
     return exe
 
 
@@ -36,36 +33,31 @@ def titles() -> list[str]:
     return [re.search(r"^# (.+)$", p.read_text(), re.M).group(1).replace("`", "") for p in sorted(pages)]
 
 
-@pytest.fixture(scope="module")
-def pdf(built_pdf):
-    return built_pdf  # conftest: made in the background from the session's build
-
-
 def squash(text: str) -> str:
     return re.sub(r"\s+", " ", text.replace("\u00ad", "")).replace("- ", "-")
 
 
-def test_pdf_reuses_the_executed_cache(pdf):
-    log = (pdf / "singlehtml.log").read_text()
+def test_pdf_reuses_the_executed_cache(built_pdf):
+    log = (built_pdf / "singlehtml.log").read_text()
     assert "build succeeded" in log
     assert "Executing notebook" not in log  # every page came from the build's execution cache
 
 
-def test_pdf_leaves_the_executed_notebooks_their_outputs(pdf):
+def test_pdf_leaves_the_executed_notebooks_their_outputs(built_pdf):
     """The singlehtml build takes every page from the cache, and myst-nb then writes
     ``jupyter_execute/`` without outputs; ``make_pdf`` writes them back, or a later
     ``make notebooks`` would find no glued values and the download copies no outputs."""
     import nbformat
 
-    executed = [nbformat.read(p, as_version=4) for p in sorted((pdf.parent / "jupyter_execute" / "book").glob("*.ipynb"))]
+    executed = [nbformat.read(p, as_version=4) for p in sorted((built_pdf.parent / "jupyter_execute" / "book").glob("*.ipynb"))]
     with_outputs = sum(any(c.get("outputs") for c in nb.cells if c.cell_type == "code") for nb in executed)
     assert executed and with_outputs >= len(executed) // 2, (with_outputs, len(executed))
 
 
-def test_pdf_pages_have_the_text_of_every_chapter(pdf):
-    text = subprocess.run([tool("pdftotext"), str(pdf / "book.pdf"), "-"], capture_output=True, text=True,
+def test_pdf_pages_have_the_text_of_every_chapter(built_pdf):
+    text = subprocess.run([tool("pdftotext"), str(built_pdf / "book.pdf"), "-"], capture_output=True, text=True,
                           check=True).stdout
-    assert subprocess.run([tool("pdfinfo"), str(pdf / "book.pdf")], capture_output=True, text=True,
+    assert subprocess.run([tool("pdfinfo"), str(built_pdf / "book.pdf")], capture_output=True, text=True,
                           check=True).stdout.count("Pages:") == 1
     flat = squash(text)
     for title in titles():
@@ -75,8 +67,8 @@ def test_pdf_pages_have_the_text_of_every_chapter(pdf):
     assert pages >= 2 * len(titles()), pages
 
 
-def test_pdf_pages_have_the_figures(pdf):
-    listing = subprocess.run([tool("pdfimages"), "-list", str(pdf / "book.pdf")], capture_output=True, text=True,
+def test_pdf_pages_have_the_figures(built_pdf):
+    listing = subprocess.run([tool("pdfimages"), "-list", str(built_pdf / "book.pdf")], capture_output=True, text=True,
                              check=True).stdout.splitlines()[2:]
     images = [line.split() for line in listing if line.split()]
     # page num type width height color comp bpc enc ...: plots are colour images of some size; chromium

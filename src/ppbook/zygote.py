@@ -290,7 +290,8 @@ def _wait(pids: set[int], plain: bool) -> int:
         if pid == 0:
             waited = time.monotonic() - failed_at if failed_at is not None else 0.0
             if waited > NOTICE and not stopping:
-                stopping = _signal(pids, signal.SIGTERM)
+                _signal(pids, signal.SIGTERM)
+                stopping = True
             elif waited > NOTICE + GRACE:
                 _signal(pids, signal.SIGKILL)
             time.sleep(0.02)
@@ -302,11 +303,10 @@ def _wait(pids: set[int], plain: bool) -> int:
     return first if plain else int(failed_at is not None)
 
 
-def _signal(pids: set[int], sig: int) -> bool:
+def _signal(pids: set[int], sig: int) -> None:
     for p in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(p, sig)
-    return True
 
 
 def _rank(request: dict, rank: int, output: int, port_read: int) -> None:
