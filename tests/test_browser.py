@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import functools
 import http.server
-import os
+import re
 import sys
 import threading
 from pathlib import Path
 
 import pytest
+
+from conftest import ROOT, missing_tool
 
 pytestmark = pytest.mark.book
 
@@ -20,7 +22,7 @@ HARMLESS = (
     "Got invalid theme mode",  # pydata-sphinx-theme on a first visit (empty localStorage)
 )
 # Debian's chromium and the flags it runs with: one definition, shared with `make pdf`.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+sys.path.insert(0, str(ROOT / "tools"))
 from make_pdf import FLAGS, SETTLE_MS, Quiet, chromium_path, settle  # noqa: E402,F401
 
 
@@ -28,9 +30,7 @@ from make_pdf import FLAGS, SETTLE_MS, Quiet, chromium_path, settle  # noqa: E40
 def site(built_book):
     exe = chromium_path()
     if exe is None:
-        if os.environ.get("CI"):
-            pytest.fail("chromium is missing in CI: `make test` should have installed it (tools/ensure_chromium.sh)")
-        pytest.skip("no chromium here; run tools/ensure_chromium.sh or set PPBOOK_CHROMIUM")
+        missing_tool("chromium", "run tools/ensure_chromium.sh or set PPBOOK_CHROMIUM")
     from playwright.sync_api import sync_playwright
 
     handler = functools.partial(Quiet, directory=str(built_book))
@@ -51,9 +51,19 @@ def visit(site, rel: str):
     page.on("pageerror", lambda e: errors.append(str(e)))
     page.on("response", lambda r: missing.append(r.url) if r.status >= 400 else None)
     response = page.goto(f"{base}/{rel}", wait_until="load", timeout=SETTLE_MS)
+    target = redirect(site, rel)
+    if target is not None:  # wait for the new page, or SETTLED would run while the old one goes
+        page.wait_for_url(f"{base}/{target}", wait_until="load", timeout=SETTLE_MS)
     settle(page)
     assert response.status == 200, rel
     return page, errors, missing
+
+
+def redirect(site, rel: str) -> str | None:
+    """Where the page at `rel` sends the browser with a meta refresh (Jupyter Book's index.html
+    does), as a path from the site's root; None for a page that stays."""
+    m = re.search(r'http-equiv="Refresh" content="0; url=([^"]+)"', (site[2] / rel).read_text())
+    return None if m is None else str(Path(rel).parent / m.group(1)).removeprefix("./")
 
 
 def real_missing(missing: list[str]) -> list[str]:
@@ -101,6 +111,13 @@ def test_every_page_loads_without_console_errors(every_page):
         assert seen["title"], rel
         assert not real_missing(seen["missing"]), (rel, real_missing(seen["missing"]))
         assert not real_errors(seen["errors"]), (rel, real_errors(seen["errors"]))
+
+
+def test_the_site_root_sends_readers_to_the_first_page(site):
+    import yaml
+
+    first = yaml.safe_load((ROOT / "_toc.yml").read_text())["root"]
+    assert redirect(site, "index.html") == f"{first}.html"
 
 
 def test_figures_have_real_pixels(every_page):

@@ -59,19 +59,11 @@ SETTLE_MS = 600_000  # a generous bound for a loaded 2-core machine; typical: un
 
 
 def settle(page) -> None:
-    """Wait until `page` (after its load event) is typeset and drawn; see SETTLED."""
-    from playwright.sync_api import Error
-
+    """Wait until `page` (after its load event) is typeset and drawn; see SETTLED. A page that
+    redirects (the site's index.html) is waited for at its target first (`page.wait_for_url`):
+    evaluated while it navigates away, SETTLED dies with its context."""
     page.set_default_timeout(SETTLE_MS)
-    for _ in range(3):  # a page that redirects (the site's index.html) navigates away once
-        try:
-            page.evaluate(SETTLED)
-            return
-        except Error as exc:
-            if "context was destroyed" not in str(exc):
-                raise
-            page.wait_for_load_state("load")
-    raise RuntimeError(f"{page.url} kept navigating away")
+    page.evaluate(SETTLED)
 
 
 class Quiet(http.server.SimpleHTTPRequestHandler):
