@@ -13,6 +13,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+# the repository's tools (build_book, make_pdf, make_notebooks, ...) import as modules in every
+# test file: pytest imports this file first
+sys.path.insert(0, str(ROOT / "tools"))
+
+import make_pdf  # noqa: E402
 
 
 def pytest_configure(config):
@@ -33,13 +38,6 @@ def missing_tool(name: str, hint: str = "run tools/ensure_chromium.sh") -> None:
     if os.environ.get("CI"):
         pytest.fail(f"{name} is missing in CI: `make test` should have installed it (tools/ensure_chromium.sh)")
     pytest.skip(f"no {name} here; {hint}")
-
-
-def _make_pdf():
-    sys.path.insert(0, str(ROOT / "tools"))
-    import make_pdf
-
-    return make_pdf
 
 
 def _uses_book(item) -> bool:
@@ -85,7 +83,7 @@ class BookBuild:
         try:
             with self.lock:
                 if self.pdf_out is not None and self.proc.returncode == 0 and not self.stopped \
-                        and _make_pdf().chromium_path() is not None:
+                        and make_pdf.chromium_path() is not None:
                     cache = self.out / "_build" / ".jupyter_cache"
                     shutil.copytree(cache, self.pdf_out / "_build" / ".jupyter_cache")
                     with open(self.pdf_out / "pdf.log", "w") as log:
@@ -118,11 +116,13 @@ class BookBuild:
         from ppbook import launch
 
         self.wait()
-        self.pdf_decided.wait(timeout=120)  # a copy of a few MB after the build's end
+        if not self.pdf_decided.wait(timeout=120):  # a copy of a few MB after the build's end
+            pytest.fail("the PDF build had not started 120 s after the book build ended (copying its execution cache)")
         if self.pdf_proc is None:
-            if _make_pdf().chromium_path() is None:
+            if make_pdf.chromium_path() is None:
                 missing_tool("chromium")
-            pytest.fail("the PDF build did not start (the session asked for no PDF when collection ended)")
+            pytest.fail("the PDF build did not start: the session asked for no PDF when collection ended, "
+                        "or copying the execution cache failed (its traceback is above)")
         try:
             self.pdf_proc.wait(timeout=max(1.0, self.pdf_deadline - time.monotonic()))
         except subprocess.TimeoutExpired:

@@ -12,9 +12,7 @@ import pytest
 import yaml
 
 from conftest import ROOT
-
-sys.path.insert(0, str(ROOT / "tools"))
-import page_times  # noqa: E402
+import page_times
 
 pytestmark = pytest.mark.book
 

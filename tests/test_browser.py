@@ -6,13 +6,15 @@ from __future__ import annotations
 import functools
 import http.server
 import re
-import sys
 import threading
 from pathlib import Path
 
 import pytest
 
 from conftest import ROOT, missing_tool
+# Debian's chromium and the flags it runs with: one definition, shared with `make pdf` (tools/,
+# on the path from conftest)
+from make_pdf import FLAGS, SETTLE_MS, Quiet, chromium_path, settle
 
 pytestmark = pytest.mark.book
 
@@ -21,9 +23,6 @@ HARMLESS = (
     "Identifier 'THEBE_JS_URL' has already been declared",
     "Got invalid theme mode",  # pydata-sphinx-theme on a first visit (empty localStorage)
 )
-# Debian's chromium and the flags it runs with: one definition, shared with `make pdf`.
-sys.path.insert(0, str(ROOT / "tools"))
-from make_pdf import FLAGS, SETTLE_MS, Quiet, chromium_path, settle  # noqa: E402,F401
 
 
 @pytest.fixture(scope="module")

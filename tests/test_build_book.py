@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
-
-sys.path.insert(0, str(ROOT / "tools"))
-import build_book  # noqa: E402
+import build_book  # tools/, on the path from conftest
 
 A, B, C, T = (Path(f"{n}.md") for n in ("a", "b", "c", "timed"))
 

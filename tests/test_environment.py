@@ -17,9 +17,6 @@ def requirement_lines(text: str) -> list[str]:
 
 def pins(path) -> list[str]:
     """The requirements of a pip file, ``-r`` expanded (the install cell of every notebook reads them so)."""
-    import sys
-
-    sys.path.insert(0, str(ROOT / "tools"))
     from make_notebooks import requirement_pins
 
     return requirement_pins(path)

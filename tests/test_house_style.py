@@ -3,14 +3,11 @@
 import ast
 import re
 import subprocess
-import sys
 
 import pytest
 
 from conftest import ROOT
-
-sys.path.insert(0, str(ROOT / "tools"))
-from long_listings import WIDTH, long_lines  # noqa: E402  (the one resolver of shown lines)
+from long_listings import WIDTH, long_lines  # the one resolver of shown lines
 
 # chapters (NN_slug) and appendices (aN_slug), with their companion scripts
 CHAPTERS = sorted((ROOT / "book").glob("[0-9][0-9]_*.md")) + sorted((ROOT / "book").glob("a[0-9]_*.md"))

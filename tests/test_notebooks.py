@@ -4,15 +4,12 @@ sets a page up outside the repository, and launch buttons that open them."""
 from __future__ import annotations
 
 import re
-import sys
 
 import nbformat
 import pytest
 
 from conftest import ROOT
-
-sys.path.insert(0, str(ROOT / "tools"))
-import make_notebooks as mn  # noqa: E402
+import make_notebooks as mn
 
 RAW = re.compile(r"\{[a-z][\w:-]*\}`|^(`{3,}|:{3,})\{|^\([\w-]+\)=", re.M)  # a role, a directive, a target
 

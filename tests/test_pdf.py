@@ -6,13 +6,11 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-import sys
 
 import pytest
 
 from conftest import ROOT, missing_tool
 
-sys.path.insert(0, str(ROOT / "tools"))
 
 pytestmark = pytest.mark.book
 
