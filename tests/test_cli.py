@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
+from conftest import assert_one_error_line
 
-from ppbook import cli
+from ppbook import cli, launch
 
 
 def refuse(args: argparse.Namespace, world_size: int) -> None:
@@ -22,10 +24,32 @@ def test_bad_input_is_printed_by_global_rank_0_only(monkeypatch, capsys, rank, p
     else:
         monkeypatch.setenv("RANK", rank)
     monkeypatch.setenv("WORLD_SIZE", "4")
+    waits = []
+    # the other ranks wait for rank 0 to print and exit (the launcher stops them then); here the
+    # wait ends at once, as if rank 0 never printed, so the waiting rank speaks for itself
+    monkeypatch.setattr(cli, "_wait_for_rank_0", waits.append)
     status = cli.run("probe.py", argparse.Namespace(), refuse, body=lambda args, info: 0)
     err = capsys.readouterr().err
     assert status == 2  # every rank exits with the same status
-    assert err == ("probe.py: error: --batch-size 6 must split into --microbatches 4\n" if prints else "")
+    line = "probe.py: error: --batch-size 6 must split into --microbatches 4"
+    if prints:
+        assert err == line + "\n" and waits == []
+    else:
+        assert waits == [cli.REFUSAL_WAIT_S]
+        assert err == f"{line} (rank {rank}: rank 0 did not report it within {cli.REFUSAL_WAIT_S:.0f} s)\n"
+
+
+@pytest.mark.torchrun
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_a_slow_rank_0_still_reports_the_refusal_under_torchrun(nproc):
+    """Rank 0 refuses 2 s after the others (tests/helpers/slow_refusal.py). Had the others exited
+    at once, torchrun would have stopped rank 0 before its line was out: the reader would see only
+    torchrun's ChildFailedError. Real torchrun, as a reader launches it."""
+    helper = Path(__file__).parent / "helpers" / "slow_refusal.py"
+    r = launch.torchrun(str(helper), [], nproc=nproc, timeout=120, check=False, json_result=False, fork=False)
+    assert not r.forked
+    assert_one_error_line(r, "slow_refusal.py", "--batch-size 6 must split into --dp 4 replicas")
+    assert "did not report it" not in r.output  # the waiting ranks were stopped, silent
 
 
 def test_a_raising_body_keeps_the_process_group_until_its_traceback_is_out(monkeypatch):
@@ -33,8 +57,8 @@ def test_a_raising_body_keeps_the_process_group_until_its_traceback_is_out(monke
     # traceback; a peer then failed with "Connection closed by peer", exited, and the launcher
     # killed the culprit, so the output named only the peer (chapter A3's root cause went missing).
     events = []
-    monkeypatch.setattr(cli.ppdist, "setup", lambda device, timeout_s: events.append("setup") or "info")
-    monkeypatch.setattr(cli.ppdist, "teardown", lambda: events.append("teardown"))
+    monkeypatch.setattr("ppbook.dist.setup", lambda device, timeout_s: events.append("setup") or "info")
+    monkeypatch.setattr("ppbook.dist.teardown", lambda: events.append("teardown"))
     args = argparse.Namespace(device="cpu", timeout=60)
 
     def fails(args, info):

@@ -10,10 +10,14 @@ import argparse
 import json
 import os
 import sys
-from typing import Callable
+import time
+from typing import TYPE_CHECKING, Callable
 
-from ppbook import dist as ppdist
-from ppbook import precision
+if TYPE_CHECKING:
+    from ppbook import dist as ppdist
+
+# ppbook.dist and ppbook.precision import torch; they are imported where they are used, so that a
+# refusal costs no torch import (tests/helpers/slow_refusal.py launches ranks that only refuse).
 
 
 def add_common_args(p: argparse.ArgumentParser, microbatches: int | list[int] = 4,
@@ -27,6 +31,8 @@ def add_common_args(p: argparse.ArgumentParser, microbatches: int | list[int] = 
 
     A list default for ``microbatches`` makes ``--microbatches`` take several values (a sweep).
     """
+    from ppbook import precision
+
     nargs = "+" if isinstance(microbatches, list) else None
     p.add_argument("--microbatches", type=int, nargs=nargs, default=microbatches, help=microbatches_help)
     p.add_argument("--batch-size", type=int, default=batch_size, help="global batch size (divisible by --microbatches)")
@@ -47,6 +53,8 @@ def add_common_args(p: argparse.ArgumentParser, microbatches: int | list[int] = 
 
 def validate_common(args: argparse.Namespace, num_stages: int) -> None:
     """Refuse bad combinations in one line each, before any process group exists."""
+    from ppbook import dist as ppdist
+
     for name in ("batch_size", "seq_len", "layers", "dim", "heads", "vocab"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
@@ -78,12 +86,26 @@ def add_timing_args(p: argparse.ArgumentParser, steps: int = 3) -> None:
     p.add_argument("--warmup", type=int, default=1, help="unmeasured steps first (allocator, caches)")
 
 
+#: How long a rank other than 0 waits, after refusing its input, for rank 0 to print the same
+#: refusal and exit (the launcher then stops the waiting ranks). Rank 0 refuses within a second
+#: or two of starting; this bound only matters when it never does (a check that passes on rank 0).
+REFUSAL_WAIT_S = 30.0
+
+
+def _wait_for_rank_0(seconds: float) -> None:
+    time.sleep(seconds)
+
+
 def run(script: str, args: argparse.Namespace, validate: Callable[[argparse.Namespace, int], None],
-        body: Callable[[argparse.Namespace, ppdist.DistInfo], int], process_group: bool = True) -> int:
+        body: Callable[[argparse.Namespace, "ppdist.DistInfo"], int], process_group: bool = True) -> int:
     """Validate, set up the process group, run ``body``, tear down; bad input is one line and exit 2.
 
-    Under torchrun every rank validates, and only global rank 0 prints the error line (the
-    others exit with the same status, silently).
+    Under torchrun every rank validates, and only global rank 0 prints the error line. The other
+    ranks do not exit at once: the first rank to exit makes the launcher stop the rest, and a
+    rank 1 that exited first could have rank 0 stopped before its line was out (seen on a loaded
+    machine). So they wait for rank 0 to print and exit, and are stopped by the launcher then; if
+    rank 0 has not done so after :data:`REFUSAL_WAIT_S` (its own check passed), each prints its
+    own line and exits 2.
 
     With ``process_group=False`` a plain ``python script.py`` (no torchrun) runs ``body`` without
     any process group (chapter 7 loads a pipeline's checkpoint that way).
@@ -91,10 +113,16 @@ def run(script: str, args: argparse.Namespace, validate: Callable[[argparse.Name
     try:
         validate(args, int(os.environ.get("WORLD_SIZE", "1")))
     except ValueError as err:
-        # every rank fails the same check at once: one prints, so lines cannot interleave
-        if int(os.environ.get("RANK", "0")) == 0:
-            print(f"{script}: error: {err}", file=sys.stderr)
+        rank = int(os.environ.get("RANK", "0"))
+        if rank == 0:  # every rank fails the same check at once: one prints, so lines cannot interleave
+            print(f"{script}: error: {err}", file=sys.stderr, flush=True)
+            return 2
+        _wait_for_rank_0(REFUSAL_WAIT_S)
+        print(f"{script}: error: {err} (rank {rank}: rank 0 did not report it within {REFUSAL_WAIT_S:.0f} s)",
+              file=sys.stderr, flush=True)
         return 2
+    from ppbook import dist as ppdist
+
     if not process_group and not ppdist.launched_by_torchrun():
         dev = ppdist.pick_device(0, args.device)
         return body(args, ppdist.DistInfo(0, 1, 0, dev, "none"))
