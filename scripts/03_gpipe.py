@@ -74,8 +74,8 @@ def gpipe_step(stage_mod, tokens, targets, m, info, rec: Recorder):
     for i in range(m):
         if info.is_last:
             with rec.span(rank, "B", i):
-                # compute: backward; / m is scale_grads
-                (losses[i] / m).backward()
+                # compute: backward of the loss as it is
+                losses[i].backward()
         else:
             grad = torch.empty_like(outputs[i])
             # comm: receive d(loss)/dy of i (blocks)
@@ -88,6 +88,8 @@ def gpipe_step(stage_mod, tokens, targets, m, info, rec: Recorder):
             sends.append(dist.isend(inputs[i].grad, dst=rank - 1))
     for work in sends:
         work.wait()                                         # comm: every send delivered
+    # compute: the summed gradients / m, as torch's scale_grads
+    workload.scale_grads(stage_mod, m)
     return losses
 # [end-scratch]
 

@@ -178,7 +178,8 @@ def train_pipeline(
 
 
 def sgd_reference_losses(model: nn.Module, args, device) -> tuple[list[float], torch.Tensor]:
-    """The same model in one process, same microbatches in the same order, each loss / chunks."""
+    """The same model in one process, same microbatches in the same order, their gradients
+    summed and then divided by chunks, as the schedule's ``scale_grads`` does."""
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
     losses, first_output = [], None
     for step in range(args.steps):
@@ -188,9 +189,10 @@ def sgd_reference_losses(model: nn.Module, args, device) -> tuple[list[float], t
         for xc, yc in zip(x.chunk(args.chunks), y.chunk(args.chunks)):
             with precision.autocast(device, args.dtype):
                 out = model(xc)
-                (mse(out, yc) / args.chunks).backward()
+                mse(out, yc).backward()
                 mb_losses.append(mse(out, yc))
             outs.append(out.detach())
+        workload.scale_grads(model, args.chunks)
         opt.step()
         first_output = torch.cat(outs) if step == 0 else first_output
         losses.append(workload.mean_loss(mb_losses))

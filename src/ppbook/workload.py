@@ -46,15 +46,29 @@ def mean_loss(mb_losses: list[torch.Tensor]) -> float:
 def reference_backward(
     model: nn.Module, tokens: torch.Tensor, targets: torch.Tensor, m: int
 ) -> float:
-    """The one-process run every pipeline is compared with: the same m microbatches, in
-    the same order, each contributing loss / m (what ScheduleGPipe's scale_grads does),
-    so float results agree to the last bit. Returns the batch's mean loss."""
+    """The one-process run every pipeline is compared with: the
+    same m microbatches, in the same order, each microbatch's
+    loss backpropagated as it is, the gradients summed, then
+    divided by m: the schedule's own arithmetic
+    (PipelineStage.scale_grads), so float results agree to the
+    last bit at any m. Returns the batch's mean loss."""
     mb_losses = []
-    for mb_tokens, mb_targets in zip(tokens.chunk(m), targets.chunk(m)):
+    pairs = zip(tokens.tensor_split(m), targets.tensor_split(m))
+    for mb_tokens, mb_targets in pairs:
         loss = loss_fn(model(mb_tokens), mb_targets)
-        (loss / m).backward()
+        loss.backward()  # sums into .grad, as the stages' backward does
         mb_losses.append(loss)
+    scale_grads(model, m)
     return mean_loss(mb_losses)
+
+
+def scale_grads(model: nn.Module, m: int) -> None:
+    """Divide every gradient by ``m`` once, after all microbatches: what ``PipelineStage.scale_grads``
+    does at the end of a step. Scaling each loss by 1/m before its backward instead gives the same
+    bits only when m is a power of two (chapter 1)."""
+    for p in model.parameters():
+        if p.grad is not None:
+            p.grad.div_(m)
 
 
 def adamw_reference_losses(model: nn.Module, args: argparse.Namespace, device: torch.device | str) -> list[float]:
