@@ -22,7 +22,7 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 from ppbook import dist as ppdist
 from ppbook import errors, timeline
 from ppbook import cli, driver, workload
-from ppbook.stages import stage_module
+from ppbook.stages import placement_problem, stage_module
 
 MISTAKES = ("none", "indivisible", "too-few-microbatches", "wrong-v-placement", "shape-mismatch",
             "target-not-last", "target-positional", "no-target", "hang")
@@ -34,6 +34,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     cli.add_common_args(p, batch_size=8, seq_len=8, layers=4, dim=16)
     p.add_argument("--mistake", choices=MISTAKES, required=True, help="which rule to break")
     p.add_argument("--dump-dir", default=None, help="hang: each rank writes what it completed to DIR/rankN.json")
+    p.add_argument("--no-placement-check", action="store_true",
+                   help="wrong-v-placement: skip the book's placement check and let torch run the step (its "
+                        "outcome depends on timing: a garbage allocation, or a wait until --timeout)")
     return p.parse_args(argv)
 
 
@@ -53,11 +56,6 @@ def wrong_v_placement(args, info, tokens, targets) -> int:
     p = info.world_size
     # the mistake: interleaved (0, 2), (1, 3), not stages.stage_indices's V
     mine = (info.rank, info.rank + p)
-    # Nothing checks the placement: the ranks then exchange the
-    # wrong messages and one of them reads a garbage object size.
-    # Bound this process's memory so that allocation fails at once.
-    limit = _address_space() + SPARE_BYTES
-    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     stages = [
         PipelineStage(
             stage_module(workload.full_model(args, info.device), s, 2 * p),
@@ -70,6 +68,16 @@ def wrong_v_placement(args, info, tokens, targets) -> int:
     schedule = ScheduleZBVZeroBubble(
         stages, n_microbatches=args.microbatches, loss_fn=workload.loss_fn
     )
+    # Torch checks nothing here; the book's check compares the stages with
+    # the map the schedule will send by, before any message is sent.
+    problem = placement_problem(schedule)
+    if problem and not args.no_placement_check:
+        raise ValueError(problem)
+    # Unchecked, the ranks exchange the wrong messages: one may read a
+    # garbage object size and try to allocate it, or both may wait.
+    # Bound this process's memory so that allocation fails at once.
+    limit = _address_space() + SPARE_BYTES
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     driver.schedule_step(schedule, info, tokens, targets)
     return 0
 

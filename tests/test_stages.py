@@ -44,3 +44,36 @@ def test_stages_partition_the_parameters(p):
         assert (stage.tok_embeddings is not None) == (i == 0)
         assert (stage.output is not None) == (i == p - 1)
     assert sorted(seen) == sorted(full)
+
+
+def _schedule_on(name: str, rank: int, p: int, held: list[int]):
+    """torch's ``Schedule<name>`` built on mock stages that say they are ``held`` on ``rank``
+    (the constructor sends nothing; the map it builds is what the check reads)."""
+    from unittest import mock
+
+    from torch.distributed.pipelining.schedules import get_schedule_class
+    from torch.distributed.pipelining.stage import PipelineStage
+
+    mocks = []
+    for s in held:
+        stage = mock.NonCallableMagicMock(spec=PipelineStage)
+        stage.group_rank, stage.group_size, stage.submod, stage.num_stages = rank, p, None, 2 * p
+        stage.stage_index = s
+        mocks.append(stage)
+    return get_schedule_class(name)(mocks, 2 * p)
+
+
+@pytest.mark.parametrize("name", ["ZBVZeroBubble", "DualPipeV", "Interleaved1F1B"])
+@pytest.mark.parametrize("p", [2, 4])
+def test_placement_problem_accepts_torchs_placement_and_names_the_fix(name, p):
+    from ppbook.stages import placement_problem, stage_indices
+
+    for rank in range(p):
+        assert placement_problem(_schedule_on(name, rank, p, stage_indices(name, rank, p))) is None
+    if name == "Interleaved1F1B":  # looped: r, r + p; a V placement is the mistake here
+        wrong, rank = [0, 2 * p - 1], 0
+    else:  # V-shaped: r, 2p - 1 - r; the looped placement r, r + p is the mistake (troubleshooting appendix)
+        wrong, rank = [1, 1 + p], 1
+    problem = placement_problem(_schedule_on(name, rank, p, wrong))
+    assert problem is not None and "torch does not check this" in problem
+    assert f"build stages {stage_indices(name, rank, p)} on rank {rank}" in problem

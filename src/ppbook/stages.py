@@ -123,6 +123,37 @@ def stage_indices(name: str, rank: int, p: int, v: int = 2) -> list[int]:
     return [stage for stage, r in sorted(to_rank.items()) if r == rank]
 
 
+def placement_problem(schedule) -> str | None:
+    """Why the stages given to a multi-stage ``schedule`` on
+    this rank are not where it will send their messages, as
+    one line with the fix; ``None`` when they are.
+
+    Torch 2.13 builds the schedule's stage-to-rank map in its
+    constructor (``stage_index_to_group_rank``: r, r + p, ...
+    looped; r and 2p - 1 - r V-shaped) and sends every message
+    by it, without checking that the stages it was given are
+    those the map puts on this rank (the troubleshooting
+    appendix). This reads the map and the stages
+    (``schedule._stages``, private) before any message is sent.
+    """
+    to_rank = getattr(schedule, "stage_index_to_group_rank", None)
+    held = [s.stage_index for s in getattr(schedule, "_stages", [])]
+    if not to_rank or not held:
+        return None  # one stage per rank: stage r on rank r
+    rank = schedule._stages[0].group_rank
+    wrong = [s for s in held if to_rank.get(s) != rank]
+    if not wrong:
+        return None
+    expected = sorted(s for s, r in to_rank.items() if r == rank)
+    name = type(schedule).__name__
+    return (
+        f"rank {rank} holds stages {held}, but {name} sends the "
+        f"messages of stage {wrong[0]} to rank {to_rank.get(wrong[0])}, "
+        f"and torch does not check this: build stages {expected} "
+        f"on rank {rank} (ppbook.stages.stage_indices)"
+    )
+
+
 def schedule_problem(name: str, p: int, m: int, v: int = 2, layers: int | None = None) -> str | None:
     """Why torch's ``Schedule<name>`` cannot run ``m`` microbatches on ``p`` ranks (``v`` stages
     per rank for the looped schedules), as one line that says how to fix it; ``None`` if it can.
