@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from conftest import ROOT
+import make_notebooks as mn
 
 # Citation File Format 1.2.0: the keys every CITATION.cff must have, and the type of each key
 # this one uses (https://github.com/citation-file-format/citation-file-format/blob/main/schema.json).
@@ -41,7 +42,7 @@ def test_citation_cff_has_the_required_keys_and_valid_values():
     # the same version and repository as the package and the book's configuration
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     assert cff["version"] == version
-    assert cff["repository-code"] == config()["repository"]["url"]
+    assert cff.get("repository-code") == mn.repository(), "CITATION.cff names another repository than _config.yml"
 
 
 def test_licenses_cover_code_and_text_and_the_readme_says_which():
@@ -59,10 +60,16 @@ def test_contributing_explains_how_to_add_a_chapter():
         assert needed in text, needed
 
 
-def test_pages_have_edit_and_issue_buttons():
-    html = config()["html"]
-    assert html["use_edit_page_button"] and html["use_issues_button"] and html["use_repository_button"]
-    assert config()["repository"]["url"].startswith("https://github.com/")
+def test_the_repository_is_one_setting_and_names_no_address_until_published():
+    """No button may lead to a repository that does not exist: the address is one setting
+    (``ppbook_repository``) that whoever publishes the book fills in, empty on main; the
+    repository and launch buttons come from it alone (tools/ppbook_launch.py)."""
+    assert config()["repository"] == {"url": ""} and "use_repository_button" not in config()["html"]
+    assert mn.repository() is None or mn.repository().startswith("https://github.com/")
+    for bad in ("github.com/a/b", "https://gitlab.com/a/b", "https://github.com/a"):
+        with pytest.raises(ValueError, match="https://github.com/OWNER/REPO"):
+            mn.check_repository(bad)
+    assert mn.check_repository(" https://github.com/a/b/ ") == "https://github.com/a/b"
 
 
 def test_execution_times_page_is_in_the_book():

@@ -77,11 +77,16 @@ def test_no_glue_or_role_left_unrendered(built_book):
         assert '$<span class="math' not in text, page
 
 
-def _mini_book(tmp_path: Path, cell: str, prose: str = "Text.", keep_cache: bool = False) -> subprocess.CompletedProcess:
+def _mini_book(tmp_path: Path, cell: str, prose: str = "Text.", keep_cache: bool = False,
+               repository: str | None = None) -> subprocess.CompletedProcess:
     """A one-page book with the real _config.yml, whose only code cell is ``cell``, followed by
-    the paragraph ``prose``, built as `make book` builds (``keep_cache``: as `make book-cached`)."""
-    for name in ("_config.yml",):
-        shutil.copy(ROOT / name, tmp_path / name)
+    the paragraph ``prose``, built as `make book` builds (``keep_cache``: as `make book-cached`;
+    ``repository``: with ``ppbook_repository`` set to it, as whoever publishes the book sets it)."""
+    text = (ROOT / "_config.yml").read_text()
+    if repository is not None:
+        text, n = re.subn(r'(?m)^(\s*ppbook_repository:) .*$', rf'\1 "{repository}"', text)
+        assert n == 1, "_config.yml has no ppbook_repository line"
+    (tmp_path / "_config.yml").write_text(text)
     shutil.copytree(ROOT / "_vendor", tmp_path / "_vendor", dirs_exist_ok=True)
     shutil.copytree(ROOT / "tools", tmp_path / "tools", dirs_exist_ok=True)  # _config.yml's local Sphinx extension
     (tmp_path / "book").mkdir(exist_ok=True)
@@ -114,6 +119,26 @@ def test_a_failing_cell_fails_the_build(tmp_path):
     bad = _mini_book(tmp_path / "bad", "x = 1 / 0") if (tmp_path / "bad").mkdir() is None else None
     assert bad.returncode != 0
     assert "ZeroDivisionError" in bad.stdout + bad.stderr
+
+
+def test_a_published_build_has_repository_and_launch_buttons_and_a_bad_address_is_one_line(tmp_path):
+    """The full build (main's _config.yml) names no repository and has no repository or launch
+    button (tests/test_notebooks.py); with the one setting filled in, a page has them all, the
+    launch buttons opening the generated notebook; a malformed address fails the build in one line."""
+    (tmp_path / "ok").mkdir()
+    url = "https://github.com/someone/pp-book"
+    ok = _mini_book(tmp_path / "ok", "print(1)", repository=url)
+    assert ok.returncode == 0, ok.stdout[-3000:] + ok.stderr[-3000:]
+    html = (tmp_path / "ok" / "_build" / "html" / "book" / "page.html").read_text()
+    for button in ("repository", "issues", "edit"):
+        assert f"btn-source-{button}-button" in html, button
+    assert f'href="{url}"' in html and f"{url}/edit/main/book/page.md" in html and f"{url}/issues/new" in html
+    assert "mybinder.org/v2/gh/someone/pp-book/notebooks?urlpath=lab/tree/book/page.ipynb" in html
+    assert "btn-download-notebook-button" in html
+    (tmp_path / "bad").mkdir()
+    bad = _mini_book(tmp_path / "bad", "print(1)", repository="github.com/someone")
+    out = bad.stdout + bad.stderr
+    assert bad.returncode != 0 and "is not a GitHub repository address; use https://github.com/OWNER/REPO" in out, out[-3000:]
 
 
 def test_a_false_claim_fails_the_build(tmp_path):

@@ -70,11 +70,19 @@ def test_the_install_cell_installs_the_pages_extras():
 
 
 def test_launch_buttons_open_the_generated_notebooks():
-    urls = mn.launch_urls(mn.config()["repository"]["url"], mn.notebooks_branch(), "book/03_gpipe")
-    assert urls["Colab"] == ("https://colab.research.google.com/github/ppbook/pipeline-parallelism-book/"
-                             "blob/notebooks/book/03_gpipe.ipynb")
-    assert urls["Binder"].endswith("/pipeline-parallelism-book/notebooks?urlpath=lab/tree/book/03_gpipe.ipynb")
+    urls = mn.launch_urls("https://github.com/someone/pp-book", "notebooks", "book/03_gpipe")
+    assert urls["Colab"] == "https://colab.research.google.com/github/someone/pp-book/blob/notebooks/book/03_gpipe.ipynb"
+    assert urls["Binder"].endswith("/someone/pp-book/notebooks?urlpath=lab/tree/book/03_gpipe.ipynb")
     assert mn.config()["sphinx"]["local_extensions"]["ppbook_launch"] == "tools"
+
+
+def test_without_a_repository_the_install_cell_asks_for_a_local_clone(tmp_path):
+    """A build that names no repository (main, until someone publishes it) has nothing to
+    download from: its notebooks' first cell says so in one line instead of fetching nowhere."""
+    cell = mn.install_cell("import torch", ROOT).source
+    if mn.repository() is None:
+        assert "set PPBOOK_SOURCE" in cell and "archive/refs/heads" not in cell
+    compile(cell, "install cell", "exec")
 
 
 @pytest.mark.slow
@@ -88,13 +96,13 @@ def test_a_generated_notebook_runs_outside_the_repository_from_its_install_cell(
     notebook.cells.append(nbformat.v4.new_code_cell(
         "import pathlib, ppbook\n"
         "copy = pathlib.Path.cwd().parent\n"  # the install cell works from <tmp>/<repository>/book
-        "assert copy.name == 'pipeline-parallelism-book' and (copy / 'scripts' / '01_first_pipeline.py').is_file()\n"
+        f"assert copy.name == {mn.clone_folder()!r} and (copy / 'scripts' / '01_first_pipeline.py').is_file()\n"
         "assert pathlib.Path(ppbook.__file__).resolve().is_relative_to(copy.resolve()), ppbook.__file__"))
     monkeypatch.setenv("PPBOOK_SOURCE", str(ROOT))
     monkeypatch.delenv("PYTHONPATH", raising=False)  # ppbook must come from the install cell's copy
     NotebookClient(notebook, timeout=600, kernel_name="python3",
                    resources={"metadata": {"path": str(tmp_path)}}).execute()
-    assert (tmp_path / "pipeline-parallelism-book" / "src" / "ppbook").is_dir()
+    assert (tmp_path / mn.clone_folder() / "src" / "ppbook").is_dir()
     assert not any((d / "_toc.yml").is_file() for d in (tmp_path, *tmp_path.parents))
 
 
@@ -115,8 +123,12 @@ def test_built_notebooks_are_readable_and_the_buttons_open_them(built_book):
     assert with_outputs >= len(written) // 2  # the download copies keep the build's outputs
     assert (build / "notebooks" / "binder" / "requirements.txt").is_file()
     html = (built_book / "book" / "03_gpipe.html").read_text()
-    assert "colab.research.google.com/github/ppbook/pipeline-parallelism-book/blob/notebooks/book/03_gpipe.ipynb" in html
-    assert "03_gpipe.md" not in re.findall(r'href="(https://(?:colab|mybinder)[^"]+)"', html)[0]
+    assert "btn-download-notebook-button" in html  # the download button's notebook stays
+    if mn.repository() is None:  # main names no repository: no button may lead nowhere
+        assert not re.findall(r'href="https://(?:github\.com|colab|mybinder)[^"]*"', html)
+        assert "btn-source-repository-button" not in html
+    else:
+        assert f"{mn.repository()}/blob/notebooks/book/03_gpipe.ipynb".split("github.com/")[1] in html
 
 
 def test_shown_listing_lines_are_found_with_their_numbers(tmp_path):

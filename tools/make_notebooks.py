@@ -60,6 +60,28 @@ def config(root: Path = ROOT) -> dict:
     return yaml.safe_load((root / "_config.yml").read_text())
 
 
+def check_repository(url: str) -> str | None:
+    """``url`` as a GitHub repository address without a trailing slash, ``None`` when empty;
+    a ``ValueError`` naming the fix for anything else."""
+    url = (url or "").strip().rstrip("/")
+    if not url:
+        return None
+    if not re.fullmatch(r"https://github\.com/[\w.-]+/[\w.-]+", url):
+        raise ValueError(f"ppbook_repository {url!r} is not a GitHub repository address; use "
+                         "https://github.com/OWNER/REPO, or leave it empty for a build without repository buttons")
+    return url
+
+
+def repository(root: Path = ROOT) -> str | None:
+    """The book's GitHub repository, as whoever publishes it set it (`_config.yml`: sphinx.config
+    ``ppbook_repository``); ``None`` in a build that names none."""
+    return check_repository(config(root)["sphinx"]["config"].get("ppbook_repository", ""))
+
+
+def repository_branch(root: Path = ROOT) -> str:
+    return config(root)["sphinx"]["config"].get("ppbook_repository_branch", "main")
+
+
 def notebooks_branch(root: Path = ROOT) -> str:
     """The branch that holds the generated notebooks (`_config.yml`: sphinx.config)."""
     return config(root)["sphinx"]["config"]["ppbook_notebooks_branch"]
@@ -246,7 +268,7 @@ INSTALL_CELL = '''\
 # download): install what this page needs (torch's CPU wheel included), fetch the book's scripts
 # and its `ppbook` package, and work from that copy. Inside a clone it does nothing.
 # PPBOOK_SOURCE=/path/to/a/clone copies that clone instead and installs with pip --no-index.
-import os, pathlib, subprocess, sys
+{no_archive}import os, pathlib, subprocess, sys
 here = pathlib.Path.cwd().resolve()
 if not any((d / "_toc.yml").is_file() for d in (here, *here.parents)):
     source, book = os.environ.get("PPBOOK_SOURCE"), here / {folder!r}
@@ -254,6 +276,8 @@ if not any((d / "_toc.yml").is_file() for d in (here, *here.parents)):
         import shutil, tarfile, tempfile, urllib.request
         if source:
             shutil.copytree(source, book, ignore=shutil.ignore_patterns(".*", "_build", "*.ipynb"))
+        elif not {archive!r}:
+            raise SystemExit("set PPBOOK_SOURCE to a clone of the book: this copy names no repository to fetch")
         else:
             with tempfile.TemporaryFile() as f:
                 with urllib.request.urlopen({archive!r}) as r:
@@ -274,15 +298,22 @@ if not any((d / "_toc.yml").is_file() for d in (here, *here.parents)):
 def install_cell(code: str, root: Path = ROOT) -> nbformat.NotebookNode:
     """The first cell of a page whose code cells are ``code``: installs the reader's pins plus
     the extras the page uses (e.g. Ray in chapter 9)."""
-    repo_url = config(root)["repository"]["url"].rstrip("/")
-    branch = config(root)["repository"].get("branch", "main")
+    repo_url = repository(root)
     # the kernel running the notebook already has its ipykernel; replacing it mid-session breaks Colab
     requirements = [p for p in requirement_pins(root / "requirements-reader.txt") if not p.startswith("ipykernel")]
     developer = {re.split(r"[=\[<>]", p)[0]: p for p in requirement_pins(root / "requirements.txt")}
     requirements += [developer[pkg] for word, pkg in PAGE_EXTRAS.items() if re.search(rf"\b{word}\b", code)]
-    source = INSTALL_CELL.format(folder=repo_url.split("/")[-1], archive=f"{repo_url}/archive/refs/heads/{branch}.tar.gz",
-                                 requirements=requirements, index=TORCH_CPU_INDEX)
+    archive = f"{repo_url}/archive/refs/heads/{repository_branch(root)}.tar.gz" if repo_url else ""
+    no_archive = "" if repo_url else "# This copy was built without a repository address: set PPBOOK_SOURCE.\n"
+    source = INSTALL_CELL.format(folder=clone_folder(root), archive=archive, requirements=requirements,
+                                 index=TORCH_CPU_INDEX, no_archive=no_archive)
     return nbformat.v4.new_code_cell(source, metadata={"tags": ["ppbook-setup"]})
+
+
+def clone_folder(root: Path = ROOT) -> str:
+    """The folder the install cell puts the book in: the repository's name, or a fixed one."""
+    url = repository(root)
+    return url.split("/")[-1] if url else "pipeline-parallelism-book"
 
 
 # --- one page, all pages -----------------------------------------------------------------------
@@ -297,12 +328,13 @@ def readable_notebook(page: Path, executed=None, glue: dict | None = None, outpu
     if len(notebook.cells) != len(source.cells):
         raise ValueError(f"{page.name}: the executed notebook has {len(notebook.cells)} cells, the page "
                          f"{len(source.cells)}: rebuild the book")
-    repo_url = config(root)["repository"]["url"].rstrip("/")
-    branch = notebooks_branch(root)
+    repo_url, branch = repository(root), notebooks_branch(root)
+    # links between pages: the published notebooks, or the sibling file of a downloaded one
+    page_url = (lambda stem: f"{repo_url}/blob/{branch}/book/{stem}.ipynb") if repo_url else (lambda stem: f"{stem}.ipynb")
     ctx = Context(page=page.name, root=root, page_dir=page.parent, labels=labels(root),
                   figures=figure_captions(source), citations=citations(root),
                   glue=glue if glue is not None else glue_values(executed),
-                  page_url=lambda stem: f"{repo_url}/blob/{branch}/book/{stem}.ipynb")
+                  page_url=page_url)
     code = "\n".join(c.source for c in source.cells if c.cell_type == "code")
     for cell in notebook.cells:
         if cell.cell_type == "markdown":
@@ -328,8 +360,8 @@ def write_notebooks(build: Path, root: Path = ROOT) -> list[Path]:
     shutil.copytree(root / "binder", published / "binder")
     (published / "README.md").write_text(
         "# Notebooks of *Pipeline Parallelism in PyTorch*\n\n"
-        f"Generated by `make notebooks` from {config(root)['repository']['url']} (branch "
-        f"`{config(root)['repository'].get('branch', 'main')}`); do not edit. Open one in Colab or Binder "
+        f"Generated by `make notebooks` from {repository(root) or 'the book'} (branch "
+        f"`{repository_branch(root)}`); do not edit. Open one in Colab or Binder "
         "from the book's launch buttons; the first cell of each installs what it needs.\n")
     written = []
     for page in notebook_pages(root):
