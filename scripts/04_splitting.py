@@ -247,8 +247,8 @@ class WithTemperature(nn.Module):
 
 
 def kwarg(args, info, tokens, targets) -> None:
-    """Fails on purpose: the tracer wires the keyword argument to the last stage, but at run time
-    only the first stage is given the model's inputs."""
+    """Fails on purpose: the tracer wires the keyword argument to the last stage as a model
+    input, but the runtime feeds model inputs to the first stage only."""
     m = args.microbatches
     full = build_model(config("gpt", args), seed=args.seed, dtype=precision.param_dtype(args.dtype)).to(info.device)
     temperature = torch.ones(tokens.shape[0], 1, 1, device=info.device)  # (B, 1, 1)

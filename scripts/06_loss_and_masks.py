@@ -1,6 +1,6 @@
 """Two things a pipelined training loop must get right, measured across real stages: how
 ``scale_grads`` scales the gradients (with padding and with outer accumulation), and an
-attention mask that every stage needs, passed from stage to stage as a tuple.
+attention mask that every stage needs, given to every stage by keyword or handed on as a tuple.
 
 CPU, two stages (gloo):
     torchrun --standalone --nproc-per-node 2 scripts/06_loss_and_masks.py
@@ -8,9 +8,11 @@ CPU, four stages:
     torchrun --standalone --nproc-per-node 4 scripts/06_loss_and_masks.py --layers 4
 
 The mask part packs two documents into each row (what pretraining pipelines do to avoid
-padding) and trains one step three ways: in one process with a document mask (the reference),
-through the pipeline with the mask handed on by every stage (a tuple), and through the
-pipeline with the mask given to the first stage only, as a single-input stage would.
+padding) and trains one step four ways: in one process with a document mask (the reference);
+through the pipeline with the document ids given to ``step`` by keyword on every rank (torch
+cuts a keyword argument into microbatches on every rank and passes each to that rank's stage);
+with the ids handed on by every stage (a tuple: for what a stage computes and the next needs);
+and with the ids given to the first stage only, as a single-input stage would.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from ppbook.driver import schedule_step
 from ppbook.models import LlamaConfig, build_model
 from ppbook.stages import stage_module
 from ppbook.training import TokenMeanLoss, microbatch_mean_loss
+from ppbook.workload import scale_grads
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -172,6 +175,10 @@ class PackedStage(nn.Module):
 # [end-packed]
 
 
+# How the document ids reach every stage: (name, the stage hands them on, step gets them by keyword)
+MASK_VARIANTS = (("kwarg on every rank", False, True), ("tuple", True, False), ("first stage only", False, False))
+
+
 def packed_batch(args, vocab: int, batch: int):
     """Rows of two documents each, cut at a random point: tokens, targets, doc_ids, all (B, T)."""
     g = torch.Generator().manual_seed(args.seed + 1)
@@ -194,22 +201,31 @@ def mask_demo(args, info) -> dict:
     ref_losses = []
     for tok, tgt, doc in zip(tokens.chunk(m), targets.chunk(m), doc_ids.chunk(m)):
         ref_losses.append(microbatch_mean_loss(ref(tok, doc), tgt))
-        (ref_losses[-1] / m).backward()
+        ref_losses[-1].backward()
+    scale_grads(ref, m)  # sum, then divide by m, as the schedule does
     ref_grads = dict(ref.mod.named_parameters())
     out = {"reference_loss": torch.stack(ref_losses).mean().item()}
 
-    for name, pass_mask in (("tuple", True), ("first stage only", False)):
+    for name, pass_mask, as_kwarg in MASK_VARIANTS:
         # [start-run-packed]
-        stage_mod = PackedStage(stage_module(copy.deepcopy(full), info.rank, info.world_size), pass_mask)
-        stage = PipelineStage(stage_mod, stage_index=info.rank, num_stages=info.world_size, device=info.device)
-        schedule = ScheduleGPipe(stage, n_microbatches=m, loss_fn=microbatch_mean_loss)
+        mine = stage_module(copy.deepcopy(full), info.rank, info.world_size)
+        stage_mod = PackedStage(mine, pass_mask)
+        stage = PipelineStage(stage_mod, stage_index=info.rank,
+                              num_stages=info.world_size, device=info.device)
+        schedule = ScheduleGPipe(stage, n_microbatches=m,
+                                 loss_fn=microbatch_mean_loss)
         losses = []
+        # a keyword argument of step is cut into microbatches on
+        # every rank and given to that rank's stage; a positional
+        # one goes to the first stage only
+        mask_kw = {"doc_ids": doc_ids} if as_kwarg else {}
+        last_kw = {"target": targets, "losses": losses} if info.is_last else {}
         if info.is_first:
-            schedule.step(tokens, doc_ids, **({"target": targets, "losses": losses} if info.is_last else {}))
-        elif info.is_last:
-            schedule.step(target=targets, losses=losses)  # receives (h, doc_ids) or h alone
+            first_args = (tokens,) if as_kwarg else (tokens, doc_ids)
+            schedule.step(*first_args, **mask_kw, **last_kw)
         else:
-            schedule.step()
+            # receives (h, doc_ids) or h alone
+            schedule.step(**mask_kw, **last_kw)
         # [end-run-packed]
         grad_diff = torch.tensor(max((p.grad - ref_grads[n].grad).abs().max().item()
                                      for n, p in stage_mod.mod.named_parameters()), dtype=torch.float64)
@@ -230,7 +246,7 @@ def body(args: argparse.Namespace, info) -> int:
     for case, d in scaling.items():
         print(f"  {case:<{width}}  {d:.1e}")
     print(f"packed rows, one-process loss {masks['reference_loss']:.6f}")
-    for name in ("tuple", "first stage only"):
+    for name, _, _ in MASK_VARIANTS:
         print(f"  mask passed {name:<17} loss {masks[name]['loss']:.6f}, max |grad diff| {masks[name]['max_grad_diff']:.1e}")
     cli.write_json(args.json, {"world_size": info.world_size, "microbatches": args.microbatches,
                               "scaling": scaling, "masks": masks})
