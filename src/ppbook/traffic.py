@@ -4,7 +4,7 @@ Introduced in chapter 9 ("Scaling out"); the planner of "Choosing a pipeline" us
 functions of sizes, so that a layout's traffic can be compared before anything runs:
 
 * a pipeline boundary carries one activation of ``b x s x h`` values per microbatch forward and
-  a gradient of the same size backward (Narayanan et al. 2021, section 3.3);
+  a gradient of the same size backward (Narayanan et al. 2021, section 3.2);
 * a data-parallel all-reduce (ring) sends ``2 (n - 1) / n`` times the gradient bytes per rank;
 * FSDP / ZeRO-3 all-gathers the parameters in the forward and again in the backward, and
   reduce-scatters the gradients: about three times the shard group's parameter bytes, each
