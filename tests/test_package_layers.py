@@ -16,8 +16,10 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("leaves: formulas, reports, claims, errors, data, processes, launching, the action graph, precision",
      ["report", "claims", "errors", "bubble", "traffic", "dataflow", "data", "dist", "launch",
       "activations", "checkpoint", "precision", "fsdp_probe"]),
-    ("models, stage placement, recording, driving a schedule, training pieces, nodes",
-     ["models", "stages", "timeline", "driver", "training", "nodes", "network"]),
+    ("the timeline format, recorded and simulated", ["timeline"]),
+    ("the torch-free planner (a subpackage: its schedules, simulator, memory, search)", ["planner"]),
+    ("models, stage placement, driving a schedule, training pieces, nodes",
+     ["models", "stages", "driver", "training", "nodes", "network"]),
     ("built on a model or a timeline: balancing, skip models, the workload, timing, simulating",
      ["split", "skip", "workload", "measure", "simulate"]),
     ("on the simulator or the workload: the scripts' command line, fitting the simulator to measured runs, "
@@ -42,8 +44,13 @@ def ppbook_imports(source: str) -> set[str]:
 
 
 def package_graph() -> dict[str, set[str]]:
-    return {path.stem: ppbook_imports(path.read_text()) - {path.stem}
-            for path in sorted(PACKAGE.glob("*.py")) if path.stem != "__init__"}
+    """Each module's ``ppbook`` imports; a subpackage counts as one module, importing what any
+    of its files imports from outside it."""
+    graph = {path.stem: ppbook_imports(path.read_text()) - {path.stem}
+             for path in sorted(PACKAGE.glob("*.py")) if path.stem != "__init__"}
+    for folder in sorted(p for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()):
+        graph[folder.name] = set().union(*(ppbook_imports(f.read_text()) for f in folder.glob("*.py"))) - {folder.name}
+    return graph
 
 
 def layer_violations(graph: dict[str, set[str]], layers: list[tuple[str, list[str]]]) -> list[str]:

@@ -24,10 +24,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ppbook import memory, network, simulate, stages, traffic
+from ppbook.planner import schedules
 from ppbook.stages import assign_layers
 
 COSTS_FILE = Path(__file__).resolve().parents[2] / "data" / "gpu" / "h100_llama3_costs.json"
-ORDERS_FILE = Path(__file__).resolve().parents[2] / "data" / "orders" / "torch_orders.json.gz"  # tools/cache_orders.py
 MODELS = {"llama3-8b": "Llama-3.1-8B", "llama3-70b": "Llama-3.1-70B", "llama3-405b": "Llama-3.1-405B"}
 SPLIT_BACKWARD = ("InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")  # I and W passes
 NO_PIPELINE = "none"  # p = 1: data parallelism alone, gradient accumulation over m microbatches
@@ -201,47 +201,11 @@ def stage_costs(c: Candidate, req: Request) -> dict[tuple[int, str], float]:
     return out
 
 
-def order_key(name: str, p: int, m: int, v: int) -> str:
-    return f"{name} {p} {m} {v}"
-
-
-_CACHE: dict | None = None
-
-
-def _cached_orders() -> dict:
-    """Orders written by ``tools/cache_orders.py`` for this torch version (empty otherwise)."""
-    global _CACHE
-    if _CACHE is None:
-        import gzip
-
-        import torch
-
-        _CACHE = {}
-        if ORDERS_FILE.is_file():
-            with gzip.open(ORDERS_FILE, "rt") as f:
-                data = json.load(f)
-            if data.get("torch") == torch.__version__:
-                _CACHE = data["orders"]
-    return _CACHE
-
-
-def parse_order(ranks: dict[str, str]) -> simulate.Order:
-    """An order from its text form, one string of actions in torch's notation per rank ("0F0 0B0")."""
-    def action(text: str) -> simulate.Action:
-        kind = next(ch for ch in text if ch.isalpha())
-        stage, mb = text.split(kind)
-        return simulate.Action(int(stage), kind, int(mb))
-    return {int(r): [action(t) for t in acts.split()] for r, acts in ranks.items()}
-
-
 @functools.lru_cache(maxsize=512)
 def _order_cached(name: str, p: int, m: int, v: int) -> simulate.Order:
     if name == NO_PIPELINE:
         return simulate.one_f_one_b_order(1, m)  # gradient accumulation: F0 B0 F1 B1 ...
-    if name in simulate.HAND_WRITTEN_ORDERS:  # GPipe and 1F1B without torch's slow builder
-        return simulate.HAND_WRITTEN_ORDERS[name](p, m)
-    text = _cached_orders().get(order_key(name, p, m, v))
-    return parse_order(text) if text else simulate.torch_order(name, p, m, v)
+    return schedules.order(name, p, m, v)  # torch's order, without torch
 
 
 def _order(c: Candidate, m: int) -> simulate.Order:

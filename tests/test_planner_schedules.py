@@ -1,0 +1,72 @@
+"""The planner's schedules are torch's: placement, constraints and every rank's order of actions,
+computed without torch, equal to what torch 2.13's own schedule classes build (on mock stages)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from ppbook import simulate
+from ppbook.planner import schedules as S
+
+GRID = [(name, p, m, v) for name in S.TORCH_SCHEDULES for p in (1, 2, 3, 4, 5, 8)
+        for m in range(1, 3 * p + 3) for v in ((2, 3, 4) if S.placement(name) == "loop" else (2,))]
+
+
+def test_the_planner_imports_no_torch():
+    """The planner runs where torch cannot (the site's planner page is its port): importing all
+    of it must not import torch."""
+    code = ("import sys, importlib, pkgutil, ppbook.planner as p\n"
+            "for m in pkgutil.iter_modules(p.__path__): importlib.import_module('ppbook.planner.' + m.name)\n"
+            "print(sorted(k for k in sys.modules if k == 'torch' or k.startswith('torch.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out
+
+
+def test_placement_is_torchs():
+    from torch.distributed.pipelining import schedules
+    from torch.distributed.pipelining._utils import generate_stage_to_rank_mapping
+
+    for name in S.TORCH_SCHEDULES:
+        single = issubclass(getattr(schedules, f"Schedule{name}"), schedules.PipelineScheduleSingle)
+        assert (S.placement(name) == "single") == single, name
+        if single:
+            continue
+        for p in (1, 2, 3, 4, 8):
+            for v in ((2, 3, 4) if S.placement(name) == "loop" else (2,)):
+                style = "v" if S.placement(name) == "v" else "loop"
+                assert S.stage_to_rank(name, p, v) == generate_stage_to_rank_mapping(p, p * v, style=style), (name, p, v)
+
+
+def _text(order) -> dict[int, list[str]]:
+    return {r: [str(a) for a in acts] for r, acts in order.items()}
+
+
+def test_every_order_and_refusal_is_torchs():
+    """Over 1,000 (schedule, p, m, v): the same actions in the same order on every rank, or the
+    same refusal (m too small, m not a multiple of the rounds)."""
+    for name, p, m, v in GRID:
+        try:
+            theirs = _text(simulate.torch_order(name, p, m, v))
+        except ValueError:
+            theirs = None
+        try:
+            ours = _text(S.order(name, p, m, v))
+        except ValueError:
+            ours = None
+        assert ours == theirs, (name, p, m, v)
+    assert len(GRID) > 1000
+
+
+@pytest.mark.parametrize("name", S.TORCH_SCHEDULES)
+def test_every_action_of_every_microbatch_once(name):
+    p, m, v = 4, 8, 2
+    order = S.order(name, p, m, v)
+    n = p * S.stages_per_rank(name, v)
+    for stage in range(n):
+        kinds = sorted(a.kind for acts in order.values() for a in acts if a.stage == stage)
+        split = name in S.SPLIT_BACKWARD
+        assert kinds.count("F") == m and kinds.count("B") + kinds.count("I") == m
+        assert kinds.count("W") == kinds.count("I") and (split or not kinds.count("I"))
