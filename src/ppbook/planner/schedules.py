@@ -180,11 +180,12 @@ def _interleaved(rank: int, p: int, m: int, v: int, zero_bubble: bool) -> list[A
     def bwd_stage(step: int) -> int:
         return (v - 1 - ((step - warmup) // per_round) % v) * p + rank
 
-    count: dict[tuple[int, str], int] = {}
+    count = {kind: [0] * v for kind in "FBIW"}  # per local stage (stage // p)
 
     def take(stage: int, kind: str) -> Action:
-        i = count.get((stage, kind), 0)
-        count[(stage, kind)] = i + 1
+        counts = count[kind]
+        i = counts[stage // p]
+        counts[stage // p] = i + 1
         return Action(stage, kind, i)
 
     back = "I" if zero_bubble else "B"

@@ -16,6 +16,7 @@ the recorder writes, so the same code draws measured and simulated timelines.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Mapping
 
 from ppbook.dataflow import waits_on
@@ -44,6 +45,68 @@ def _dependency(a: Action, num_stages: int, present: set[Action] | None = None) 
     return None if dep is None else Action(*dep)
 
 
+@dataclass(frozen=True)
+class Compiled:
+    """An order as flat lists the simulator walks quickly: every action once (rank by rank, in
+    order), the index of the action it waits on (-1: none), and whether that one runs on
+    another rank (a hand-off)."""
+    actions: tuple[Action, ...]
+    ranks: tuple[int, ...]          # the rank of each action
+    rank_slices: tuple[tuple[int, int, int], ...]  # (rank, first index, end index)
+    dep: tuple[int, ...]
+    remote: tuple[bool, ...]
+
+
+def compile_order(order: Order) -> Compiled:
+    actions, ranks, slices = [], [], []
+    for r, acts in order.items():
+        slices.append((r, len(actions), len(actions) + len(acts)))
+        actions += acts
+        ranks += [r] * len(acts)
+    index = {a: i for i, a in enumerate(actions)}
+    num_stages = 1 + max(a.stage for a in actions)
+    present = set(index)
+    dep, remote = [], []
+    for i, a in enumerate(actions):
+        d = _dependency(a, num_stages, present)
+        j = -1 if d is None else index[d]
+        dep.append(j)
+        remote.append(j >= 0 and ranks[j] != ranks[i])
+    return Compiled(tuple(actions), tuple(ranks), tuple(slices), tuple(dep), tuple(remote))
+
+
+def run(c: Compiled, cost: list[float], hop: list[float] | None = None,
+        gap: list[float] | None = None) -> tuple[list[float], list[float]]:
+    """Start and end times of every action of ``c``: ``cost[i]`` seconds each, ``hop[i]`` seconds
+    of hand-off when its input comes from another rank, ``gap[i]`` seconds after the rank's
+    previous action. A ``ValueError`` if the order deadlocks."""
+    n = len(c.actions)
+    start, end = [0.0] * n, [-1.0] * n
+    position = [lo for _, lo, _ in c.rank_slices]
+    free_at = [0.0] * len(c.rank_slices)
+    remaining = n
+    while remaining:
+        progressed = False
+        for k, (_, lo, hi) in enumerate(c.rank_slices):
+            i = position[k]
+            while i < hi:
+                j = c.dep[i]
+                if j >= 0 and end[j] < 0:
+                    break
+                ready = 0.0 if j < 0 else end[j] + (hop[i] if hop is not None and c.remote[i] else 0.0)
+                t = max(free_at[k] + (gap[i] if gap is not None and i > lo else 0.0), ready)
+                start[i], end[i] = t, t + cost[i]
+                free_at[k] = end[i]
+                i += 1
+                remaining -= 1
+                progressed = True
+            position[k] = i
+        if not progressed:
+            stuck = {r: str(c.actions[position[k]]) for k, (r, _, hi) in enumerate(c.rank_slices) if position[k] < hi}
+            raise ValueError(f"schedule deadlocks: each rank waits on an action no rank can run: {stuck}")
+    return start, end
+
+
 def simulate(order: Order, costs: Costs, latency: float | Callable[[Action, Action], float] = 0.0,
              overhead: float | Costs = 0.0) -> list[Event]:
     """Run ``order`` with the given per-action ``costs`` and point-to-point ``latency``; each
@@ -67,34 +130,12 @@ def simulate(order: Order, costs: Costs, latency: float | Callable[[Action, Acti
                 return given(a)
             except KeyError:
                 return 0.0
-    num_stages = 1 + max(a.stage for acts in order.values() for a in acts)
-    present = {a for acts in order.values() for a in acts}
-    rank_of = {a.stage: r for r, acts in order.items() for a in acts}
-    done: dict[Action, Event] = {}
-    position = {r: 0 for r in order}
-    free_at = {r: 0.0 for r in order}
-    remaining = sum(len(acts) for acts in order.values())
-    while remaining:
-        progressed = False
-        for r, acts in order.items():
-            while position[r] < len(acts):
-                a = acts[position[r]]
-                dep = _dependency(a, num_stages, present)
-                if dep is not None and dep not in done:
-                    break
-                hop = 0.0 if dep is None or rank_of[dep.stage] == r else \
-                    (latency(dep, a) if callable(latency) else latency)
-                ready = 0.0 if dep is None else done[dep].end + hop
-                start = max(free_at[r] + (gap(a) if position[r] else 0.0), ready)
-                done[a] = Event(r, a.stage, a.kind, a.microbatch, start, start + cost(a))
-                free_at[r] = done[a].end
-                position[r] += 1
-                remaining -= 1
-                progressed = True
-        if not progressed:
-            stuck = {r: str(acts[position[r]]) for r, acts in order.items() if position[r] < len(acts)}
-            raise ValueError(f"schedule deadlocks: each rank waits on an action no rank can run: {stuck}")
-    return sorted(done.values(), key=lambda e: (e.start, e.rank))
+    c = compile_order(order)
+    hops = [(latency(c.actions[c.dep[i]], a) if callable(latency) else latency) if c.remote[i] else 0.0
+            for i, a in enumerate(c.actions)]
+    start, end = run(c, [cost(a) for a in c.actions], hops, [gap(a) for a in c.actions])
+    events = [Event(r, a.stage, a.kind, a.microbatch, s, e) for a, r, s, e in zip(c.actions, c.ranks, start, end)]
+    return sorted(events, key=lambda e: (e.start, e.rank))
 
 
 def peak_in_flight(order: Order, by: str = "stage") -> dict[int, int]:

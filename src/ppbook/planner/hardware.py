@@ -1,0 +1,103 @@
+"""GPUs and the links between them: presets from vendors' datasheets, or a reader's own numbers.
+
+Introduced in "Choosing a pipeline". A :class:`GPU` is its memory, its dense bf16 peak (without
+structured sparsity) and its memory bandwidth; a :class:`Link` moves ``n`` bytes in
+``latency + n / bandwidth`` seconds (the alpha-beta model of Hockney, 1994), with the bandwidth
+per GPU and per direction. The latencies are assumptions of the right order, not measurements:
+measure yours (``nccl-tests``' ``sendrecv_perf``) and pass them with ``--intra-latency`` and
+``--inter-latency``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ppbook.planner import traffic
+
+
+@dataclass(frozen=True)
+class GPU:
+    name: str
+    memory_gb: float       # as sold (decimal gigabytes)
+    bf16_tflops: float     # dense peak, without sparsity
+    hbm_tb_s: float        # memory bandwidth
+    nvlink: str            # the intra-node link preset of its usual server
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class Link:
+    name: str
+    latency: float    # seconds per message
+    bandwidth: float  # bytes per second, per GPU, one direction
+    source: str = ""
+
+    def time(self, nbytes: float) -> float:
+        """Seconds to send ``nbytes`` in one message."""
+        return self.latency + nbytes / self.bandwidth
+
+    def allreduce(self, nbytes: float, n: int) -> float:
+        """Seconds for a ring all-reduce of ``nbytes`` among ``n`` ranks over this link (0 if n = 1)."""
+        if n <= 1:
+            return 0.0
+        return 2 * (n - 1) * self.latency + traffic.allreduce_bytes_per_rank(nbytes, n) / self.bandwidth
+
+    def gather(self, nbytes: float, n: int) -> float:
+        """Seconds for a ring all-gather (or reduce-scatter) of a tensor of ``nbytes`` in all
+        among ``n`` ranks: each sends ``(n - 1) / n`` of it (0 if n = 1)."""
+        if n <= 1:
+            return 0.0
+        return (n - 1) * self.latency + traffic.gather_bytes_per_rank(nbytes, n) / self.bandwidth
+
+
+_DS = "NVIDIA {} datasheet"
+GPUS: dict[str, GPU] = {g.name: g for g in [
+    GPU("a100-40gb", 40, 312, 1.555, "nvlink-a100", _DS.format("A100 Tensor Core GPU (SXM4 40GB)")),
+    GPU("a100-80gb", 80, 312, 2.039, "nvlink-a100", _DS.format("A100 Tensor Core GPU (SXM4 80GB)")),
+    GPU("h100-sxm", 80, 989, 3.35, "nvlink-h100", _DS.format("H100 Tensor Core GPU (SXM5)")),
+    GPU("h100-pcie", 80, 756, 2.0, "pcie-gen5", _DS.format("H100 Tensor Core GPU (PCIe)")),
+    GPU("h800", 80, 989, 3.35, "nvlink-h800", "NVIDIA H800 (SXM5): H100 compute, NVLink at 400 GB/s"),
+    GPU("h200", 141, 989, 4.8, "nvlink-h100", _DS.format("H200 Tensor Core GPU (SXM)")),
+    GPU("b200", 180, 2250, 8.0, "nvlink-b200", _DS.format("HGX B200 / DGX B200")),
+    GPU("mi300x", 192, 1307, 5.3, "xgmi-mi300x", "AMD Instinct MI300X data sheet"),
+]}
+
+LINKS: dict[str, Link] = {k.name: k for k in [
+    # intra-node: the per-GPU NVLink (or fabric) rate, each way
+    Link("nvlink-a100", 3e-6, 300e9, "NVLink 3: 600 GB/s per GPU in total, 300 each way (A100 SXM4); latency assumed"),
+    Link("nvlink-h100", 3e-6, 450e9, "NVLink 4: 900 GB/s per GPU in total, 450 each way (H100/H200 SXM); latency assumed"),
+    Link("nvlink-h800", 3e-6, 200e9, "H800 NVLink: 400 GB/s per GPU in total, 200 each way; latency assumed"),
+    Link("nvlink-b200", 3e-6, 900e9, "NVLink 5: 1.8 TB/s per GPU in total, 900 GB/s each way (B200); latency assumed"),
+    Link("xgmi-mi300x", 4e-6, 448e9, "AMD Infinity Fabric: 7 links, 896 GB/s per GPU in total, 448 each way; "
+                                     "latency assumed"),
+    Link("pcie-gen5", 5e-6, 64e9, "PCIe 5.0 x16: 64 GB/s each way; latency assumed"),
+    # inter-node: one adapter per GPU
+    Link("ib-hdr200", 8e-6, 25e9, "InfiniBand HDR 200 Gb/s, one adapter per GPU (DGX A100); latency assumed"),
+    Link("ib-ndr400", 8e-6, 50e9, "InfiniBand NDR 400 Gb/s, one adapter per GPU (ConnectX-7, DGX H100); "
+                                  "latency assumed"),
+    Link("roce-400g", 1e-5, 50e9, "400 GbE RoCE v2, one adapter per GPU; latency assumed"),
+    Link("ib-xdr800", 8e-6, 100e9, "InfiniBand XDR 800 Gb/s, one adapter per GPU (ConnectX-8); latency assumed"),
+]}
+
+INTER_DEFAULT = "ib-ndr400"
+
+
+def gpu(name: str) -> GPU:
+    if name not in GPUS:
+        raise ValueError(f"--gpu {name!r} is not a preset; use one of {', '.join(GPUS)}, or give --gpu-memory, "
+                         "--gpu-tflops and --gpu-bandwidth for your own")
+    return GPUS[name]
+
+
+def link(name: str) -> Link:
+    if name not in LINKS:
+        raise ValueError(f"unknown link {name!r}; use one of {', '.join(LINKS)}, or give its bandwidth and latency")
+    return LINKS[name]
+
+
+def custom_gpu(memory_gb: float, bf16_tflops: float, hbm_tb_s: float, nvlink: str = "nvlink-h100") -> GPU:
+    return GPU("custom", memory_gb, bf16_tflops, hbm_tb_s, nvlink, "given on the command line")
+
+
+def custom_link(name: str, bandwidth_gb_s: float, latency_us: float) -> Link:
+    return Link(name, latency_us * 1e-6, bandwidth_gb_s * 1e9, "given on the command line")

@@ -1,0 +1,135 @@
+"""The planner against the record: published large-model runs, asked again.
+
+Introduced in "Choosing a pipeline". ``data/published/runs.json`` holds runs whose authors
+published their layout and their throughput (and, for torchtitan, their peak memory), each
+with its source and the line it quotes. For each run :func:`compare` poses the planner the
+same question (model, GPUs, links, global batch, sequence length), restricted to what the run's
+framework could do at the time (its schedules, sharding modes and kernels) and to the choices
+its authors state they fixed (recomputation, microbatch size), and reports:
+
+- the published layout's predicted memory and throughput, against the published ones;
+- the planner's own choice, and whether the published layout is that choice or within
+  :data:`AGREE` of its predicted step time;
+- what the planner would choose with everything torch 2.13 offers.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from ppbook.planner import hardware, search, shapes
+
+RUNS_FILE = Path(__file__).resolve().parents[3] / "data" / "published" / "runs.json"
+AGREE = 0.05       # a published layout within 5% of the planner's choice agrees with it
+THROUGHPUT = 0.25  # predicted throughput within 25% of the published
+MEMORY = 0.15      # predicted peak memory within 15% of the published
+GiB = 2 ** 30
+
+
+def load() -> dict:
+    return json.loads(RUNS_FILE.read_text())
+
+
+def gpu_of(row: dict, data: dict) -> hardware.GPU:
+    spec = row["gpu"]
+    if "preset" in spec:
+        return hardware.GPUS[spec["preset"]]
+    return hardware.GPU(spec["name"], spec["memory_gb"], spec["bf16_tflops"], spec["hbm_tb_s"], spec["nvlink"],
+                        spec["source"])
+
+
+def request(row: dict, data: dict, constrained: bool = True) -> search.Request:
+    """The run's question: its model, GPUs and batch; with ``constrained``, only the options its
+    framework had and the choices its authors fixed."""
+    req = search.Request(shapes.PRESETS[row["model"]], gpu_of(row, data), row["gpus"], row["gpus_per_node"],
+                         row["global_batch"], row["seq_len"], hardware.LINKS[row["intra"]], hardware.LINKS[row["inter"]],
+                         max_p=max(32, row["layout"]["pp"]))
+    if not constrained:
+        return req
+    fw = data["frameworks"][row["framework"]]
+    c = row.get("constraints", {})
+    return replace(req, schedules=tuple(fw["schedules"]), shardings=tuple(fw["shardings"]), kernels=fw["kernels"],
+                   sequence_parallel=fw["sequence_parallel"],
+                   balances=(c["balance"],) if "balance" in c else tuple(fw["balances"]),
+                   recomputes=(c["recompute"],) if "recompute" in c else search.memory.RECOMPUTE,
+                   microbatch_sizes=(c["microbatch"],) if "microbatch" in c else ())
+
+
+def published_layouts(row: dict, req: search.Request) -> list[search.Layout]:
+    """The layouts the publication describes: its tp, pp, dp, schedule and sharding, with every
+    value of what it leaves open (microbatch size, stages per rank) that the request allows."""
+    lay = row["layout"]
+    schedule = lay["schedule"] or search.NO_PIPELINE
+    out = []
+    for c in search.candidates(replace(req, tps=(lay["tp"],), shardings=(lay["sharding"],))):
+        if (c.p, c.dp, c.schedule) == (lay["pp"], lay["dp"], schedule) and not search.constraint_problem(c, req):
+            out.append(c)
+    return out
+
+
+def published_tokens_per_s(row: dict) -> float:
+    """The published throughput in tokens per second per GPU, converting TFLOPs/GPU with the
+    convention of the source: Megatron-LM's formula, which counts the recomputation
+    (``96 s l h^2 (1 + s / 6h + V / 16 l h)`` per sequence, Narayanan et al. 2021, eq. 3), or
+    model FLOPs (:func:`ppbook.planner.search.model_flops_per_token`)."""
+    t = row["throughput"]
+    if t["unit"] == "tokens/s/GPU":
+        return t["value"]
+    shape, s = shapes.PRESETS[row["model"]], row["seq_len"]
+    if t.get("convention") == "megatron":
+        lyr, h, v = shape.layers, shape.hidden, shape.vocab
+        per_token = 96 * lyr * h * h * (1 + s / (6 * h) + v / (16 * lyr * h))
+    else:
+        per_token = search.model_flops_per_token(shape, s)
+    return t["value"] * 1e12 / per_token
+
+
+@dataclass
+class Comparison:
+    row: dict
+    published: search.Prediction       # the best of the published layouts, as predicted
+    choice: search.Prediction | None   # the planner's choice under the run's constraints
+    unconstrained: search.Prediction | None  # ... with everything torch 2.13 offers
+    published_tps: float
+
+    @property
+    def agrees(self) -> bool:
+        """The published layout is the planner's choice, or predicted within AGREE of it."""
+        if self.choice is None or self.published.why_not:
+            return False
+        return self.published.step_s <= self.choice.step_s * (1 + AGREE)
+
+    @property
+    def throughput_error(self) -> float:
+        return self.published.tokens_per_s_per_gpu / self.published_tps - 1
+
+    @property
+    def memory_error(self) -> float | None:
+        pm = self.row.get("peak_memory")
+        return None if not pm else self.published.peak_bytes / GiB / pm["value"] - 1
+
+    @property
+    def throughput_comparable(self) -> bool:
+        """Published throughput is comparable unless the GPUs' peak was not published."""
+        return "preset" in self.row["gpu"]
+
+
+def compare(row: dict, data: dict | None = None) -> Comparison:
+    data = data or load()
+    req = request(row, data)
+    best = None
+    for layout in published_layouts(row, req):
+        reason = search.predict(layout, req).why_not
+        pred = search.predict(layout, req, check_memory=False)  # timed even if it does not fit
+        pred.why_not = reason
+        key = (pred.why_not is not None, pred.step_s)
+        if best is None or key < (best.why_not is not None, best.step_s):
+            best = pred
+    if best is None:
+        raise ValueError(f"{row['id']}: no layout matches the published one; check runs.json")
+    ranked, _ = search.plan(req)
+    free, _ = search.plan(request(row, data, constrained=False))
+    return Comparison(row, best, ranked[0] if ranked else None, free[0] if free else None,
+                      published_tokens_per_s(row))

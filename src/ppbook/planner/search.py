@@ -1,0 +1,644 @@
+"""Choosing a layout: enumerate, drop what cannot run or does not fit, predict and rank the rest.
+
+Introduced in "Choosing a pipeline". For a model, a cluster and a global batch, a
+:class:`Layout` is a tensor-parallel size ``tp`` (within a node, with sequence parallelism), a
+pipeline of ``p`` ranks running one of torch's seven schedules with ``v`` stages per rank, the
+first and last stages even or lightened (``balance``), ``dp`` data-parallel replicas whose state
+is sharded one of four ways, microbatches of ``b`` sequences, ``m`` of them per replica and step,
+and recomputation. Ranks are laid out as Megatron-LM and torchtitan lay them out: tensor parallel
+innermost, then data parallel, pipeline outermost (so a data-parallel group spans ``dp x tp``
+consecutive GPUs, and pipeline hand-offs cross nodes first).
+
+For each candidate :func:`predict` computes:
+
+- **memory** of every GPU, by kind (:class:`RankMemory`): the training state of its stages by
+  sharding mode (:func:`ppbook.planner.memory.state_bytes`), the activations of the most
+  microbatches the schedule's order has in flight on it (:func:`ppbook.planner.schedules.order`),
+  the last stage's logits, one layer's recomputation;
+- **time**: the schedule's order simulated (:func:`ppbook.planner.simulate.simulate`) with
+  per-action costs (:mod:`ppbook.planner.costs`, divided by ``tp``, plus the tensor-parallel
+  collectives, plus recomputation), hand-offs as latency + bytes / bandwidth over NVLink or the
+  network; then each rank's data-parallel traffic (:func:`ppbook.planner.traffic.data_parallel_bytes`),
+  of which the part that overlaps the rank's own computation is hidden (see :func:`_dp_exposed`);
+  then the optimizer's step, bound by memory bandwidth.
+
+Candidates that violate a schedule's constraints or do not fit are dropped with the reason;
+the rest are ranked by step time. For ``m`` at least ``2p`` the order is simulated at ``2p``
+and ``3p`` microbatches and step time and memory are extended linearly in ``m`` (both orders
+have reached their steady state; the tests check this against simulating ``m`` itself).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import asdict, dataclass, field, replace
+
+from ppbook.planner import costs, memory, schedules, traffic
+from ppbook.planner.hardware import GPU, Link
+from ppbook.planner.shapes import ModelShape, embedding_parameters, head_parameters, layer_parameters
+from ppbook.planner.simulate import Compiled, compile_order, run
+
+NO_PIPELINE = "none"  # p = 1: data parallelism alone, gradient accumulation over m microbatches
+BALANCES = ("even", "ends")
+
+
+@dataclass(frozen=True)
+class Request:
+    model: ModelShape
+    gpu: GPU
+    gpus: int
+    gpus_per_node: int
+    global_batch: int      # sequences per optimizer step
+    seq_len: int
+    intra: Link
+    inter: Link
+    recipe: str = "bf16"
+    kernels: str = "fused"
+    sequence_parallel: bool = True     # with tp > 1: norms and dropouts split along the sequence too
+    headroom: float = 0.1  # fraction of each GPU kept free (CUDA context, NCCL buffers, fragmentation)
+    tps: tuple[int, ...] = ()           # tensor-parallel sizes to try (default: powers of two within a node)
+    max_p: int = 32
+    max_v: int = 4
+    max_microbatch_size: int = 8
+    microbatch_sizes: tuple[int, ...] = ()   # to try (default: powers of two up to max_microbatch_size)
+    schedules: tuple[str, ...] = schedules.TORCH_SCHEDULES
+    shardings: tuple[str, ...] = memory.SHARDING
+    recomputes: tuple[str, ...] = memory.RECOMPUTE
+    balances: tuple[str, ...] = BALANCES
+    measured_costs: bool = True        # use the book's H100 measurements where they match
+
+    @property
+    def usable_bytes(self) -> float:
+        return self.gpu.memory_gb * memory.GB * (1 - self.headroom)
+
+
+@dataclass(frozen=True)
+class Layout:
+    tp: int
+    p: int
+    dp: int
+    schedule: str   # one of torch's seven, or "none" (p = 1)
+    v: int          # stages per rank (1 for GPipe and 1F1B and "none", 2 for the V-shaped)
+    b: int          # microbatch size (sequences)
+    m: int          # microbatches per step and data-parallel replica
+    sharding: str   # none, zero1, zero2, fsdp
+    recompute: str  # none, selective, full
+    balance: str = "even"
+
+    def label(self) -> str:
+        pipe = "no pipeline" if self.schedule == NO_PIPELINE else \
+            f"{self.schedule} p={self.p}" + (f" v={self.v}" if self.v > 1 else "")
+        ends = " ends" if self.balance == "ends" and self.p > 1 else ""
+        return (f"tp={self.tp} {pipe}{ends} dp={self.dp} {self.sharding} b={self.b} m={self.m} "
+                f"recompute={self.recompute}")
+
+    @property
+    def num_stages(self) -> int:
+        return self.p * (1 if self.schedule == NO_PIPELINE else schedules.stages_per_rank(self.schedule, self.v))
+
+
+@dataclass
+class RankMemory:
+    """Bytes one GPU holds at its peak, by kind."""
+    rank: int
+    stages: list[int]
+    parameters: float
+    gradients: float
+    optimizer: float
+    activations: float
+    logits: float
+
+    @property
+    def total(self) -> float:
+        return self.parameters + self.gradients + self.optimizer + self.activations + self.logits
+
+
+@dataclass
+class Prediction:
+    layout: Layout
+    step_s: float = math.inf
+    pipeline_s: float = 0.0      # the slowest rank's pipeline passes (simulated)
+    dp_exposed_s: float = 0.0    # data-parallel traffic not hidden behind computation
+    optimizer_s: float = 0.0
+    bubble: float = 0.0          # idle fraction of the pipeline part, mean over ranks
+    tokens_per_s_per_gpu: float = 0.0
+    mfu: float = 0.0             # model FLOPs (6 per parameter a token uses, plus attention) / peak
+    memory: list[RankMemory] = field(default_factory=list)
+    why_not: str | None = None
+    estimated: bool = False      # action times estimated from FLOPs (not measured)
+    detail: dict = field(default_factory=dict)
+
+    @property
+    def peak_bytes(self) -> float:
+        return max((r.total for r in self.memory), default=0.0)
+
+    @property
+    def peak_gb(self) -> float:
+        return self.peak_bytes / memory.GB
+
+
+# --- layers per stage ---------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=256)
+def end_weights(req: Request) -> tuple[int, int]:
+    """How many layers the first and last stages give up under ``balance="ends"``: the embedding
+    in layers' worth of parameters, the head and its loss in layers' worth of time (Llama 3
+    removed one layer from each end of its 405B pipeline)."""
+    shape = req.model
+    per_layer = layer_parameters(shape, shape.layers - 1)
+    first = round(embedding_parameters(shape) / per_layer)
+    head = costs.head_costs(shape, req.gpu, 1, req.seq_len, req.measured_costs)
+    layer = costs.layer_costs(shape, req.gpu, 1, req.seq_len, shape.moe, req.measured_costs)
+    last = round((head.F + head.B) / (layer.F + layer.B))
+    return first, last
+
+
+def stage_layers(n_layers: int, num_stages: int, first_less: int = 0, last_less: int = 0) -> list[list[int]]:
+    """Contiguous layers per stage, as even as possible once the first stage counts ``first_less``
+    layers it does not have and the last ``last_less`` (each stage keeps at least one layer)."""
+    if num_stages == 1:
+        return [list(range(n_layers))]
+    units = n_layers + first_less + last_less
+    sizes = [len(s) for s in schedules.assign_layers(units, num_stages)]
+    sizes[0] = max(1, sizes[0] - first_less)
+    sizes[-1] = max(1, sizes[-1] - last_less)
+    # the units given back go to the middle stages, one each, from the front
+    missing, i = n_layers - sum(sizes), 1
+    while missing > 0 and num_stages > 2:
+        sizes[i] += 1
+        missing -= 1
+        i = i + 1 if i + 1 < num_stages - 1 else 1
+    if missing:  # two stages: nowhere else to put them
+        sizes[0] += missing
+    if sum(sizes) != n_layers or min(sizes) < 1:
+        return schedules.assign_layers(n_layers, num_stages)
+    out, start = [], 0
+    for n in sizes:
+        out.append(list(range(start, start + n)))
+        start += n
+    return out
+
+
+def layers_of(layout: Layout, req: Request) -> list[list[int]]:
+    first, last = end_weights(req) if layout.balance == "ends" else (0, 0)
+    return _stage_layers_cached(req.model.layers, layout.num_stages, first, last)
+
+
+@functools.lru_cache(maxsize=4096)
+def _stage_layers_cached(n_layers: int, num_stages: int, first: int, last: int) -> list[list[int]]:
+    return stage_layers(n_layers, num_stages, first, last)
+
+
+# --- enumeration ---------------------------------------------------------------------------------------
+
+def tensor_parallel_sizes(req: Request) -> list[int]:
+    """Sizes within a node that divide the GPUs, the heads, the key/value heads and the MLP."""
+    shape = req.model
+    options = req.tps or tuple(2 ** k for k in range(0, 8) if 2 ** k <= req.gpus_per_node)
+    return [t for t in options if req.gpus % t == 0 and t <= req.gpus_per_node and shape.heads % t == 0
+            and (shape.mla or shape.kv_heads % t == 0) and (shape.ffn % t == 0)]
+
+
+def candidates(req: Request) -> list[Layout]:
+    """Every combination considered, constraints not yet checked."""
+    out = []
+    for tp in tensor_parallel_sizes(req):
+        ranks = req.gpus // tp
+        for p in (d for d in range(1, ranks + 1) if ranks % d == 0 and d <= min(req.model.layers, req.max_p)):
+            dp = ranks // p
+            for b in req.microbatch_sizes or (x for x in (1, 2, 4, 8, 16, 32) if x <= req.max_microbatch_size):
+                if req.global_batch % (dp * b):
+                    continue
+                m = req.global_batch // (dp * b)
+                names = [NO_PIPELINE] if p == 1 else list(req.schedules)
+                for name in names:
+                    kind = "single" if name == NO_PIPELINE else schedules.placement(name)
+                    vs = range(2, req.max_v + 1) if kind == "loop" else [2] if kind == "v" else [1]
+                    for v in vs:
+                        for sharding in (req.shardings if dp > 1 else ("none",)):
+                            for recompute in req.recomputes:
+                                for balance in (req.balances if p > 1 else ("even",)):
+                                    out.append(Layout(tp, p, dp, name, v, b, m, sharding, recompute, balance))
+    return out
+
+
+def constraint_problem(layout: Layout, req: Request) -> str | None:
+    if layout.schedule == NO_PIPELINE:
+        return None
+    return schedules.schedule_problem(layout.schedule, layout.p, layout.m, layout.v, req.model.layers)
+
+
+def divisibility_problem(req: Request) -> str | None:
+    """Why no layout divides the global batch, naming the fix; ``None`` when one does."""
+    dps = set()
+    for tp in tensor_parallel_sizes(req):
+        ranks = req.gpus // tp
+        dps |= {ranks // p for p in range(1, ranks + 1) if ranks % p == 0 and p <= min(req.model.layers, req.max_p)}
+    if not tensor_parallel_sizes(req):
+        return (f"no tensor-parallel size divides both the {req.gpus} GPUs and the model's {req.model.heads} heads / "
+                f"{req.model.kv_heads} key/value heads / MLP width {req.model.ffn}; use another number of GPUs")
+    if not any(req.global_batch % dp == 0 for dp in dps):
+        smallest = min(dps)
+        return (f"--global-batch {req.global_batch} is not a multiple of any data-parallel size these GPUs allow "
+                f"({', '.join(map(str, sorted(dps)))}); use a multiple of {smallest}, e.g. "
+                f"{-(-req.global_batch // smallest) * smallest}")
+    return None
+
+
+# --- orders, cached ---------------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=4096)
+def _order(name: str, p: int, m: int, v: int) -> schedules.Order:
+    if name == NO_PIPELINE:
+        return schedules.one_f_one_b_order(1, m)  # gradient accumulation: F0 B0 F1 B1 ...
+    return schedules.order(name, p, m, v)
+
+
+@functools.lru_cache(maxsize=4096)
+def _compiled(name: str, p: int, m: int, v: int) -> Compiled:
+    return compile_order(_order(name, p, m, v))
+
+
+@functools.lru_cache(maxsize=8192)
+def _pipeline_run(name: str, p: int, m: int, v: int, stage_cost: tuple, hop_intra: float, hop_inter: float,
+                  node_of_rank: tuple[int, ...]) -> tuple[tuple[float, ...], tuple[float, ...], float]:
+    """(end of each rank's last action, each rank's busy seconds, span) of one simulated step.
+    Cached: layouts that differ only in sharding simulate the same pipeline."""
+    c = _compiled(name, p, m, v)
+    costs = dict(stage_cost)
+    cost = [costs[(a.stage, a.kind)] for a in c.actions]
+    hop = [(hop_intra if node_of_rank[c.ranks[c.dep[i]]] == node_of_rank[c.ranks[i]] else hop_inter)
+           if c.remote[i] else 0.0 for i in range(len(c.actions))]
+    start, end = run(c, cost, hop)
+    ends, busy = [0.0] * p, [0.0] * p
+    for r, s, e in zip(c.ranks, start, end):
+        ends[r] = max(ends[r], e)
+        busy[r] += e - s
+    return tuple(ends), tuple(busy), max(ends)
+
+
+def _simulated_ms(layout: Layout) -> list[int]:
+    """Microbatch counts to simulate: ``m`` itself when below 2p, else 2p and 3p."""
+    if layout.m < 2 * layout.p or layout.schedule == NO_PIPELINE:
+        return [layout.m]
+    return [2 * layout.p, 3 * layout.p]
+
+
+def _extrapolate(points: list[tuple[int, float]], m: int) -> float:
+    if len(points) == 1:
+        return points[0][1]
+    (m1, y1), (m2, y2) = points
+    return y1 + (y2 - y1) * (m - m1) / (m2 - m1)
+
+
+@functools.lru_cache(maxsize=4096)
+def _in_flight(name: str, p: int, m: int, v: int) -> tuple[tuple[int, ...], ...]:
+    """Per rank, per stage it holds: the most microbatches held at once, and (split backward) the
+    microbatches whose residual stays until the step ends; as a tuple per rank of
+    (stage, peak held, held at the peak that are residuals only)."""
+    order = _order(name, p, m, v)
+    out = []
+    for rank in sorted(order):
+        stages = sorted({a.stage for a in order[rank]})
+        local = {s: i for i, s in enumerate(stages)}
+        held, residual = [0] * len(stages), [0] * len(stages)
+        total, best, best_held, best_residual = 0, 0, list(held), list(residual)
+        for a in order[rank]:
+            kind = a.kind
+            if kind == "F":
+                held[local[a.stage]] += 1
+                total += 1
+                if total >= best:  # the most held at once: the peak
+                    best, best_held, best_residual = total, list(held), list(residual)
+            elif kind == "B" or kind == "W":
+                i = local[a.stage]
+                held[i] -= 1
+                total -= 1
+                if kind == "W":
+                    residual[i] += 1
+        out.append(tuple((s, best_held[i], best_residual[i]) for i, s in enumerate(stages)))
+    return tuple(out)
+
+
+# --- prediction -----------------------------------------------------------------------------------------
+
+def _stage_costs(layout: Layout, req: Request, layers: list[list[int]]) -> tuple[dict, bool]:
+    """Seconds of each (stage, kind) for one microbatch, and whether any came from FLOPs."""
+    shape, tp = req.model, layout.tp
+    dense = costs.layer_costs(shape, req.gpu, layout.b, req.seq_len, False, req.measured_costs)
+    moe = costs.layer_costs(shape, req.gpu, layout.b, req.seq_len, True, req.measured_costs) if shape.moe else dense
+    head = costs.head_costs(shape, req.gpu, layout.b, req.seq_len, req.measured_costs)
+    estimated = not (dense.measured and head.measured)
+    act_bytes = memory.RECIPES[req.recipe].activation_bytes
+    tp_link = req.intra
+    # sequence parallelism: per block, per microbatch, two all-gathers and two reduce-scatters forward, the same backward
+    tp_half = 0.0
+    if tp > 1:
+        nbytes = traffic.boundary_bytes(layout.b, req.seq_len, shape.hidden, act_bytes)
+        tp_half = 2 * tp_link.allreduce(nbytes, tp)
+    out = {}
+    n = len(layers)
+    redo = {False: {"none": 0.0, "full": dense.F, "selective": dense.F * _selective_share(shape, False)},
+            True: {"none": 0.0, "full": moe.F, "selective": moe.F * _selective_share(shape, True)}}
+    for s, owned in enumerate(layers):
+        f = i = w = 0.0
+        n_moe = sum(1 for index in owned if shape.moe and index >= shape.dense_layers)
+        for is_moe, count in ((False, len(owned) - n_moe), (True, n_moe)):
+            if count:
+                c = moe if is_moe else dense
+                f += count * (c.F / tp + tp_half)
+                i += count * ((c.I + redo[is_moe][layout.recompute]) / tp + tp_half)
+                w += count * c.W / tp
+        if s == n - 1:
+            f, i, w = f + head.F / tp, i + head.I / tp, w + head.W / tp
+        out[(s, "F")], out[(s, "I")], out[(s, "W")], out[(s, "B")] = f, i, w, i + w
+    return out, estimated
+
+
+@functools.lru_cache(maxsize=256)
+def _selective_share(shape: ModelShape, moe: bool) -> float:
+    """The share of a layer's forward FLOPs that selective recomputation runs again: the matrix
+    products it does not keep (for a Llama block the key, output and up projections)."""
+    q, k, v, out = memory.attention_widths(shape)
+    h = shape.hidden
+    width = shape.expert_ffn if moe else shape.ffn
+    routed = (shape.top_k + shape.shared_experts) if moe else 1
+    if shape.mlp == "swiglu":
+        redone = h * k + out * h + routed * h * width           # wk, wo, the up projection
+    else:
+        redone = out * h + routed * width * h                     # wo, fc2
+    flops = costs.layer_flops(shape, 1, 1, moe)["F"]
+    return min(1.0, 2 * redone / flops)
+
+
+def _owned(layout: Layout, rank: int) -> list[int]:
+    if layout.schedule == NO_PIPELINE:
+        return [0]
+    return _stage_indices(layout.schedule, rank, layout.p, layout.v)
+
+
+@functools.lru_cache(maxsize=65536)
+def _stage_indices(name: str, rank: int, p: int, v: int) -> list[int]:
+    return schedules.stage_indices(name, rank, p, v)
+
+
+@dataclass(frozen=True)
+class _Tables:
+    """Per stage, what does not depend on the schedule or the sharding: activation bytes per
+    microbatch, split-backward residual bytes, parameters, and the parameters of its blocks."""
+    per_mb: tuple[float, ...]
+    residual: tuple[float, ...]
+    params: tuple[float, ...]
+    block_params: tuple[float, ...]
+    blocks: tuple[int, ...]
+
+
+@functools.lru_cache(maxsize=8192)
+def _tables(req: Request, num_stages: int, balance: str, b: int, recompute: str, tp: int) -> _Tables:
+    shape = req.model
+    first, last = end_weights(req) if balance == "ends" else (0, 0)
+    layers = _stage_layers_cached(shape.layers, num_stages, first, last)
+    dt = memory.RECIPES[req.recipe].activation_bytes
+    tokens = b * req.seq_len
+    n = len(layers)
+    per_mb, residual, params, block_params = [], [], [], []
+    whole = 0.0 if req.sequence_parallel or tp == 1 else \
+        memory.replicated_values(shape, req.kernels, recompute) * tokens * dt * (1 - 1 / tp)
+    for s, owned in enumerate(layers):
+        per_mb.append(memory.stage_activation_bytes(shape, owned, tokens, s == 0, s == n - 1, dt, req.kernels,
+                                                    recompute, req.seq_len) / tp + len(owned) * whole)
+        residual.append(len(owned) * memory.block_residual_values(shape) * tokens * dt / tp)
+        total = memory.stage_parameters(shape, owned, s == 0, s == n - 1) / tp
+        params.append(total)
+        block_params.append(memory.stage_parameters(shape, owned, False, False) / tp)
+    return _Tables(tuple(per_mb), tuple(residual), tuple(params), tuple(block_params),
+                   tuple(len(x) for x in layers))
+
+
+@functools.lru_cache(maxsize=16384)
+def _rank_activations(req: Request, schedule: str, p: int, m: int, v: int, b: int, balance: str, recompute: str,
+                      tp: int) -> tuple[tuple[float, float], ...]:
+    """Per pipeline rank, (activation bytes, logits bytes) at its peak: the microbatches its
+    stages hold at once under the schedule's order, times each stage's bytes per microbatch,
+    plus one layer's recomputation and, on the last stage, one loss backward. Independent of the
+    sharding, so cached across it."""
+    shape = req.model
+    num_stages = p * (1 if schedule == NO_PIPELINE else schedules.stages_per_rank(schedule, v))
+    t = _tables(req, num_stages, balance, b, recompute, tp)
+    dt = memory.RECIPES[req.recipe].activation_bytes
+    tokens = b * req.seq_len
+    split = schedule in schedules.SPLIT_BACKWARD
+    logits = memory.logits_bytes(shape, tokens, dt) / tp
+    loss_backward = memory.loss_backward_bytes(shape, tokens) / tp
+    transient = memory.recompute_transient_bytes(shape, tokens, dt, req.kernels, recompute, req.seq_len) / tp
+    probe = Layout(tp, p, 1, schedule, v, b, m, "none", recompute, balance)
+    ms = _simulated_ms(probe)
+    peaks = [_in_flight(schedule, p, mm, v) for mm in ms]
+    out = []
+    for rank in range(p):
+        acts_points, logit_points = [], []
+        for mm, peak in zip(ms, peaks):
+            acts = last = 0.0
+            for s, count, res in peak[rank]:
+                acts += count * t.per_mb[s] + (res * t.residual[s] if split else 0.0)
+                if s == num_stages - 1:
+                    last += count
+            acts_points.append((mm, acts))
+            logit_points.append((mm, last * logits))
+        holds_last = any(s == num_stages - 1 for s, _, _ in peaks[0][rank])
+        out.append((_extrapolate(acts_points, m) + transient,
+                    _extrapolate(logit_points, m) + (loss_backward if holds_last else 0.0)))
+    return tuple(out)
+
+
+def rank_memory(layout: Layout, req: Request, layers: list[list[int]] | None = None) -> list[RankMemory]:
+    """Every pipeline rank's peak memory, by kind (the GPUs of one rank's tensor-parallel group
+    hold the same)."""
+    t = _tables(req, layout.num_stages, layout.balance, layout.b, layout.recompute, layout.tp)
+    recipe = memory.RECIPES[req.recipe]
+    held = _rank_activations(req, layout.schedule, layout.p, layout.m, layout.v, layout.b, layout.balance,
+                             layout.recompute, layout.tp)
+    out = []
+    for rank in range(layout.p):
+        stages = _owned(layout, rank)
+        params = sum(t.params[s] for s in stages)
+        gathered = unsharded = 0.0
+        if layout.sharding == "fsdp":
+            blocks = sum(t.blocks[s] for s in stages)
+            in_blocks = sum(t.block_params[s] for s in stages)
+            gathered, unsharded = memory.fsdp_gathered(in_blocks / blocks, params - in_blocks, blocks,
+                                                       pipelined=layout.p > 1)
+        state = memory.state_bytes(params, recipe, layout.sharding, layout.dp, gathered, unsharded)
+        acts, logits = held[rank]
+        out.append(RankMemory(rank, stages, state.parameters, state.gradients, state.optimizer, acts, logits))
+    return out
+
+
+def _dp_exposed(layout: Layout, req: Request, params: float, busy: float, last_backward: float,
+                first_forward: float) -> tuple[float, float]:
+    """(seconds of data-parallel traffic per step for this rank, seconds of it not hidden).
+
+    The model of overlap, as the frameworks overlap:
+    - replicated, ZeRO-1 and ZeRO-2: the gradients are reduced while the last microbatch's
+      backward runs (DDP's and Megatron-LM's buckets), so only what outlasts that backward shows;
+      ZeRO's all-gather of the updated weights overlaps the next step's first forward;
+    - FSDP without a pipeline: each block's all-gathers and reduce-scatter overlap the
+      neighbouring blocks' computation (prefetching), so traffic shows only where it outlasts the
+      computation of the whole step;
+    - FSDP inside ``PipelineStage``: the all-gathers overlap computation the same way, but the
+      reduce-scatter runs after the step's last backward (``perform_reduce_grad``): not hidden.
+    """
+    if layout.dp == 1:
+        return 0.0, 0.0
+    recipe = memory.RECIPES[req.recipe]
+    span = layout.dp * layout.tp
+    link = req.intra if span <= req.gpus_per_node else req.inter
+    weights, grads = params * recipe.weight_bytes, params * recipe.grad_bytes
+    n = layout.dp
+    if layout.sharding == "none":
+        reduce = link.allreduce(grads, n)
+        return reduce, max(0.0, reduce - last_backward)
+    if layout.sharding in ("zero1", "zero2"):
+        reduces = layout.m if layout.sharding == "zero2" and layout.m > 1 else 1
+        rs, ag = reduces * link.gather(grads, n), link.gather(weights, n)
+        if reduces > 1:  # every microbatch reduces, overlapped with the backwards (about 2/3 of the work)
+            return rs + ag, max(0.0, rs - 2 * busy / 3) + max(0.0, ag - first_forward)
+        return rs + ag, max(0.0, rs - last_backward) + max(0.0, ag - first_forward)
+    if layout.p == 1:  # FSDP alone: gathered for forward and backward, reduced, every microbatch
+        total = layout.m * (2 * link.gather(weights, n) + link.gather(grads, n))
+        return total, max(0.0, total - busy)
+    kinds = [a.kind for a in _order(layout.schedule, layout.p, min(layout.m, 3 * layout.p), layout.v)[0]]
+    gathers = traffic.fsdp_gathers(kinds, reshard_after_forward=False)
+    ag, rs = gathers * link.gather(weights, n), link.gather(grads, n)
+    return ag + rs, max(0.0, ag - busy) + rs
+
+
+def model_flops_per_token(shape: ModelShape, seq_len: int) -> float:
+    """Training FLOPs per token: 6 per parameter a token uses in matrix products, plus causal
+    attention's score and value products, three times their forward (the convention of MFU)."""
+    products = sum(costs.layer_flops(shape, 1, seq_len, shape.moe and i >= shape.dense_layers)["W"]
+                   for i in range(shape.layers)) + 2 * shape.hidden * shape.vocab
+    attention = sum(costs.layer_flops(shape, 1, seq_len)["F"] - costs.layer_flops(shape, 1, seq_len)["W"]
+                    for _ in range(shape.layers))
+    return 3 * products + 3 * attention
+
+
+def predict(layout: Layout, req: Request, check_memory: bool = True, mem: list[RankMemory] | None = None) -> Prediction:
+    """Memory and step time of one layout (constraints assumed met). A layout that does not fit
+    comes back with ``why_not`` and without simulating its steps."""
+    layers = layers_of(layout, req)
+    mem = mem or rank_memory(layout, req, layers)
+    pred = Prediction(layout, memory=mem)
+    worst = max(mem, key=lambda r: r.total)
+    if check_memory and worst.total > req.usable_bytes:
+        kinds = {k: getattr(worst, k) for k in ("parameters", "gradients", "optimizer", "activations", "logits")}
+        big = max(kinds, key=kinds.get)
+        pred.why_not = (f"does not fit: rank {worst.rank} needs {worst.total / memory.GB:.1f} GB of the "
+                        f"{req.usable_bytes / memory.GB:.1f} GB usable, {kinds[big] / memory.GB:.1f} GB of it {big}")
+        return pred
+    stage_cost, pred.estimated = _stage_costs(layout, req, layers)
+    ms = _simulated_ms(layout)
+    boundary = traffic.boundary_bytes(layout.b, req.seq_len, req.model.hidden,
+                                      memory.RECIPES[req.recipe].activation_bytes) / layout.tp
+    nodes = tuple(node_of(r, layout.dp, layout.tp, req.gpus_per_node) for r in range(layout.p))
+    costs_key = tuple(sorted(stage_cost.items()))
+    runs = [_pipeline_run(layout.schedule, layout.p, m, layout.v, costs_key, req.intra.time(boundary),
+                          req.inter.time(boundary), nodes) for m in ms]
+    span = _extrapolate([(m, run_[2]) for m, run_ in zip(ms, runs)], layout.m)
+    end = {r: _extrapolate([(m, run_[0][r]) for m, run_ in zip(ms, runs)], layout.m) for r in range(layout.p)}
+    busy = {r: _extrapolate([(m, run_[1][r]) for m, run_ in zip(ms, runs)], layout.m) for r in range(layout.p)}
+    step, exposed_worst, traffic_worst = 0.0, 0.0, 0.0
+    n = layout.num_stages
+    for r in range(layout.p):
+        stages = _owned(layout, r)
+        params = sum(memory.stage_parameters(req.model, layers[s], s == 0, s == n - 1) for s in stages) / layout.tp
+        # the rank's last backward passes (one per stage it holds) and its first forward
+        last_backward = sum(stage_cost[(s, "B")] for s in stages)
+        first_forward = stage_cost[(stages[0], "F")]
+        total, exposed = _dp_exposed(layout, req, params, busy[r], last_backward, first_forward)
+        opt = _optimizer_seconds(params, layout, req)
+        step = max(step, end[r] + exposed + opt)
+        exposed_worst, traffic_worst = max(exposed_worst, exposed), max(traffic_worst, total)
+        pred.optimizer_s = max(pred.optimizer_s, opt)
+    pred.step_s, pred.pipeline_s, pred.dp_exposed_s = step, span, exposed_worst
+    pred.bubble = max(0.0, 1 - sum(busy.values()) / (layout.p * span)) if span else 0.0
+    tokens = req.global_batch * req.seq_len
+    pred.tokens_per_s_per_gpu = tokens / step / req.gpus
+    pred.mfu = pred.tokens_per_s_per_gpu * model_flops_per_token(req.model, req.seq_len) / (req.gpu.bf16_tflops * 1e12)
+    pred.detail = {"dp_traffic_s": traffic_worst, "layers_per_stage": [len(x) for x in layers]}
+    return pred
+
+
+def _optimizer_seconds(params: float, layout: Layout, req: Request) -> float:
+    """Adam's update of this rank's share, bound by memory bandwidth: read the gradient, the
+    master weights and both moments, write them back and the bf16 weights."""
+    recipe = memory.RECIPES[req.recipe]
+    share = params / layout.dp if layout.sharding != "none" else params
+    moved = share * (recipe.grad_bytes + 2 * recipe.optimizer_bytes + recipe.weight_bytes)
+    return moved / (req.gpu.hbm_tb_s * 1e12)
+
+
+def node_of(pp_rank: int, dp: int, tp: int, gpus_per_node: int) -> int:
+    """The node of pipeline rank ``pp_rank``'s first GPU, tensor parallel innermost, then data
+    parallel, pipeline outermost (global rank = pp_rank * dp * tp + dp_rank * tp + tp_rank)."""
+    return pp_rank * dp * tp // gpus_per_node
+
+
+def lower_bound(layout: Layout, req: Request) -> float:
+    """A step time no simulation can beat: the busiest rank's computation alone."""
+    return layout.m * _busiest(req, layout.schedule, layout.p, layout.v, layout.num_stages, layout.balance,
+                               layout.b, layout.recompute, layout.tp)
+
+
+@functools.lru_cache(maxsize=16384)
+def _busiest(req: Request, schedule: str, p: int, v: int, num_stages: int, balance: str, b: int, recompute: str,
+             tp: int) -> float:
+    probe = Layout(tp, p, 1, schedule, v, b, 1, "none", recompute, balance)
+    stage_cost, _ = _stage_costs(probe, req, layers_of(probe, req))
+    split = schedule in schedules.SPLIT_BACKWARD
+    return max(sum(stage_cost[(s, "F")] + (stage_cost[(s, "I")] + stage_cost[(s, "W")] if split else stage_cost[(s, "B")])
+                   for s in _owned(probe, r)) for r in range(p))
+
+
+def plan(req: Request, keep_all: bool = False, slack: float = 0.05) -> tuple[list[Prediction], list[Prediction]]:
+    """(ranked, dropped): the layouts that fit, fastest first, and the others with why they were
+    dropped. Candidates are visited in the order of their lower bound (the busiest rank's
+    computation alone); unless ``keep_all``, the search stops at the first whose bound is more
+    than ``slack`` above the best step time found: none after it can come within ``slack`` of
+    the winner, so they are neither checked nor listed."""
+    dropped, valid = [], []
+    for layout in candidates(req):
+        problem = constraint_problem(layout, req)
+        if problem:
+            dropped.append(Prediction(layout, why_not=problem))
+            continue
+        valid.append((lower_bound(layout, req), layout))
+    valid.sort(key=lambda x: x[0])
+    ranked: list[Prediction] = []
+    best = math.inf
+    for bound, layout in valid:
+        if not keep_all and bound > best * (1 + slack):
+            break
+        mem = rank_memory(layout, req)
+        if max(r.total for r in mem) > req.usable_bytes:
+            dropped.append(predict(layout, req, mem=mem))  # the reason, from the memory alone
+            continue
+        pred = predict(layout, req, check_memory=False, mem=mem)
+        ranked.append(pred)
+        best = min(best, pred.step_s)
+    ranked.sort(key=lambda o: o.step_s)
+    return ranked, dropped
+
+
+def prediction_json(pred: Prediction) -> dict:
+    return {**asdict(pred.layout), "label": pred.layout.label(), "step_s": pred.step_s,
+            "pipeline_s": pred.pipeline_s, "dp_exposed_s": pred.dp_exposed_s, "optimizer_s": pred.optimizer_s,
+            "bubble": pred.bubble, "tokens_per_s_per_gpu": pred.tokens_per_s_per_gpu, "mfu": pred.mfu,
+            "peak_gb": pred.peak_gb, "estimated": pred.estimated, "why_not": pred.why_not,
+            "memory": [{**asdict(r), "total": r.total} for r in pred.memory], "detail": pred.detail}
+
+
+def with_layout(req: Request, **fixed) -> Request:
+    """``req`` narrowed to the layouts that have the ``fixed`` values (tp, schedules, ...)."""
+    return replace(req, **fixed)

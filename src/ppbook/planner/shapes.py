@@ -1,0 +1,292 @@
+"""Model shapes: the published architectures readers train, a reader's own Hugging Face
+``config.json``, and exact parameter counts.
+
+Introduced in "Choosing a pipeline". A :class:`ModelShape` holds what the planner needs of a
+decoder-only transformer: its sizes, which kind of MLP, norm and position encoding it uses,
+whether it has biases or tied embeddings, and, for mixtures of experts, its experts. The
+parameter counts are exact for these architectures; ``tests/test_planner_shapes.py`` checks
+every preset against its published count (within 1%) and the Llama shapes against the book's own
+model built in torch.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    name: str
+    vocab: int
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    ffn: int                   # MLP width of a dense layer
+    tied: bool = False         # the output head reuses the embedding matrix
+    mlp: str = "swiglu"        # "swiglu": three matrices (gate, up, down); "gelu": two
+    norm: str = "rms"          # "rms": a scale per norm; "layer": a scale and a bias
+    bias: bool = False         # every linear layer has a bias (GPT-3, BLOOM, OPT)
+    qkv_bias: bool = False     # only the query, key and value projections do (Qwen2)
+    position: str = "rope"     # "rope" or "alibi" (no parameters), "learned" (a table of max_positions rows)
+    max_positions: int = 0
+    embed_norm: bool = False   # a layer norm right after the embedding (BLOOM)
+    head_dim: int = 0          # 0: hidden / heads
+    # mixture of experts (0 experts: every layer dense)
+    experts: int = 0           # routed experts of an MoE layer
+    top_k: int = 0             # experts each token is routed to
+    expert_ffn: int = 0        # MLP width of one expert
+    shared_experts: int = 0    # experts every token goes through (DeepSeek), of width expert_ffn each
+    dense_layers: int = 0      # the first layers stay dense (DeepSeek-V3: 3)
+    router_bias: bool = False  # a per-expert routing bias (DeepSeek-V3's e_score_correction_bias)
+    # multi-head latent attention (DeepSeek-V2/V3); 0: ordinary (grouped-query) attention
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_rope_dim: int = 0
+    qk_nope_dim: int = 0
+    v_head_dim: int = 0
+    published_params: float = 0.0  # the count its authors give (0: none), for the tests and the output
+    source: str = ""
+
+    @property
+    def hd(self) -> int:
+        return self.head_dim or self.hidden // self.heads
+
+    @property
+    def moe(self) -> bool:
+        return self.experts > 0
+
+    @property
+    def mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def moe_layers(self) -> int:
+        return self.layers - self.dense_layers if self.moe else 0
+
+
+# --- parameter counts -------------------------------------------------------------------------------
+
+def _norm(shape: ModelShape, width: int) -> int:
+    return width * (2 if shape.norm == "layer" else 1)
+
+
+def attention_parameters(shape: ModelShape) -> int:
+    """One layer's attention: query, key, value and output projections (GQA: key and value at
+    ``kv_heads`` heads), or multi-head latent attention's low-rank projections and their norms."""
+    h = shape.hidden
+    if shape.mla:
+        q_head = shape.qk_nope_dim + shape.qk_rope_dim
+        q = (h * shape.q_lora_rank + shape.q_lora_rank + shape.q_lora_rank * shape.heads * q_head
+             if shape.q_lora_rank else h * shape.heads * q_head)
+        kv = (h * (shape.kv_lora_rank + shape.qk_rope_dim) + shape.kv_lora_rank
+              + shape.kv_lora_rank * shape.heads * (shape.qk_nope_dim + shape.v_head_dim))
+        return q + kv + shape.heads * shape.v_head_dim * h
+    q, kv = shape.heads * shape.hd, shape.kv_heads * shape.hd
+    weights = h * q + 2 * h * kv + q * h
+    biases = (q + 2 * kv + h) if shape.bias else (q + 2 * kv) if shape.qkv_bias else 0
+    return weights + biases
+
+
+def mlp_parameters(shape: ModelShape, width: int) -> int:
+    """One MLP of inner width ``width``: SwiGLU's three matrices, or a GELU MLP's two (with biases)."""
+    h = shape.hidden
+    if shape.mlp == "swiglu":
+        return 3 * h * width + (2 * width + h if shape.bias else 0)
+    return 2 * h * width + (width + h if shape.bias else 0)
+
+
+@functools.lru_cache(maxsize=1024)
+def layer_parameters(shape: ModelShape, index: int = 0) -> int:
+    """Parameters of layer ``index``: two norms, attention, and a dense MLP or an MoE layer
+    (router, routed and shared experts)."""
+    norms = 2 * _norm(shape, shape.hidden)
+    if shape.moe and index >= shape.dense_layers:
+        router = shape.hidden * shape.experts + (shape.experts if shape.router_bias else 0)
+        experts = (shape.experts + shape.shared_experts) * mlp_parameters(shape, shape.expert_ffn)
+        return norms + attention_parameters(shape) + router + experts
+    return norms + attention_parameters(shape) + mlp_parameters(shape, shape.ffn)
+
+
+def active_layer_parameters(shape: ModelShape, index: int = 0) -> int:
+    """Parameters one token uses in layer ``index``: an MoE layer's router, shared experts and
+    ``top_k`` routed experts; a dense layer's all."""
+    if not (shape.moe and index >= shape.dense_layers):
+        return layer_parameters(shape, index)
+    norms = 2 * _norm(shape, shape.hidden)
+    used = (shape.top_k + shape.shared_experts) * mlp_parameters(shape, shape.expert_ffn)
+    return norms + attention_parameters(shape) + shape.hidden * shape.experts + used
+
+
+def embedding_parameters(shape: ModelShape) -> int:
+    """The first stage's extra parameters: token embedding, a learned position table, BLOOM's
+    embedding norm."""
+    h = shape.hidden
+    return (shape.vocab * h + (shape.max_positions * h if shape.position == "learned" else 0)
+            + (_norm(shape, h) if shape.embed_norm else 0))
+
+
+def head_parameters(shape: ModelShape) -> int:
+    """The last stage's extra parameters: the final norm and the output head (a copy of the
+    embedding matrix when tied: a pipeline holds it on the last stage too, and sums the two
+    gradients)."""
+    return _norm(shape, shape.hidden) + shape.vocab * shape.hidden
+
+
+def total_parameters(shape: ModelShape) -> int:
+    """The model's parameters, each counted once (a tied head is the embedding)."""
+    head = head_parameters(shape) - (shape.vocab * shape.hidden if shape.tied else 0)
+    return embedding_parameters(shape) + sum(layer_parameters(shape, i) for i in range(shape.layers)) + head
+
+
+def active_parameters(shape: ModelShape) -> int:
+    """Parameters one token uses (equal to :func:`total_parameters` for a dense model)."""
+    head = head_parameters(shape) - (shape.vocab * shape.hidden if shape.tied else 0)
+    return (embedding_parameters(shape) + sum(active_layer_parameters(shape, i) for i in range(shape.layers))
+            + head)
+
+
+# --- presets ------------------------------------------------------------------------------------------
+
+def _llama(name, vocab, hidden, layers, heads, kv, ffn, published, source, **kw) -> ModelShape:
+    return ModelShape(name, vocab, hidden, layers, heads, kv, ffn, published_params=published, source=source, **kw)
+
+
+def _gpt(name, vocab, hidden, layers, heads, published, source, **kw) -> ModelShape:
+    """A GPT-3-style model: GELU MLP of width 4h, layer norms, biases, tied embeddings."""
+    kw = {"position": "learned", "max_positions": 2048, **kw}
+    return ModelShape(name, vocab, hidden, layers, heads, heads, 4 * hidden, tied=True, mlp="gelu", norm="layer",
+                      bias=True, published_params=published, source=source, **kw)
+
+
+_HF = "the model's config.json on the Hugging Face Hub"
+PRESETS: dict[str, ModelShape] = {s.name: s for s in [
+    _llama("llama2-7b", 32000, 4096, 32, 32, 32, 11008, 6.74e9, _HF),
+    _llama("llama2-13b", 32000, 5120, 40, 40, 40, 13824, 13.0e9, _HF),
+    _llama("llama2-70b", 32000, 8192, 80, 64, 8, 28672, 69.0e9, _HF),
+    _llama("llama3-8b", 128256, 4096, 32, 32, 8, 14336, 8.03e9, _HF + " (Llama 3 and 3.1 share the shape)"),
+    _llama("llama3-70b", 128256, 8192, 80, 64, 8, 28672, 70.6e9, _HF),
+    _llama("llama3-405b", 128256, 16384, 126, 128, 8, 53248, 405.9e9, _HF + "; the Llama 3 paper, Table 3"),
+    _llama("mistral-7b", 32000, 4096, 32, 32, 8, 14336, 7.24e9, _HF + " (Mistral-7B-v0.1)"),
+    _llama("mixtral-8x7b", 32000, 4096, 32, 32, 8, 14336, 46.7e9, _HF + "; Mixtral paper: 47B total, 13B active",
+           experts=8, top_k=2, expert_ffn=14336),
+    _llama("mixtral-8x22b", 32768, 6144, 56, 48, 8, 16384, 141e9, _HF + "; Mistral AI: 141B total, 39B active",
+           experts=8, top_k=2, expert_ffn=16384),
+    _llama("qwen2.5-7b", 152064, 3584, 28, 28, 4, 18944, 7.61e9, _HF + "; Qwen2.5 report: 7.61B", qkv_bias=True),
+    _llama("qwen2.5-14b", 152064, 5120, 48, 40, 8, 13824, 14.7e9, _HF + "; Qwen2.5 report: 14.7B", qkv_bias=True),
+    _llama("qwen2.5-32b", 152064, 5120, 64, 40, 8, 27648, 32.5e9, _HF + "; Qwen2.5 report: 32.5B", qkv_bias=True),
+    _llama("qwen2.5-72b", 152064, 8192, 80, 64, 8, 29568, 72.7e9, _HF + "; Qwen2.5 report: 72.7B", qkv_bias=True),
+    _gpt("gpt3-175b", 50257, 12288, 96, 96, 175e9, "Brown et al. 2020, Table 2.1"),
+    _gpt("opt-175b", 50272, 12288, 96, 96, 175e9, "Zhang et al. 2022 (OPT), Table 1", max_positions=2050),
+    ModelShape("bloom-176b", 250880, 14336, 70, 112, 112, 4 * 14336, tied=True, mlp="gelu", norm="layer", bias=True,
+               position="alibi", embed_norm=True, published_params=176.2e9,
+               source="BigScience, BLOOM (Le Scao et al. 2022), Table 3; " + _HF),
+    _gpt("mt-nlg-530b", 51200, 20480, 105, 128, 530e9, "Smith et al. 2022 (MT-NLG), section 3.1"),
+    # Megatron-LM 2021 (Narayanan et al.), Table 1: GPT models, vocabulary 51,200, sequence 2,048
+    _gpt("megatron-18b", 51200, 6144, 40, 48, 18.4e9, "Narayanan et al. 2021, Table 1"),
+    _gpt("megatron-39b", 51200, 8192, 48, 64, 39.1e9, "Narayanan et al. 2021, Table 1"),
+    _gpt("megatron-76b", 51200, 10240, 60, 80, 76.1e9, "Narayanan et al. 2021, Table 1"),
+    _gpt("megatron-145b", 51200, 12288, 80, 96, 145.6e9, "Narayanan et al. 2021, Table 1"),
+    _gpt("megatron-310b", 51200, 16384, 96, 128, 310.1e9, "Narayanan et al. 2021, Table 1"),
+    _gpt("megatron-530b", 51200, 20480, 105, 128, 529.6e9, "Narayanan et al. 2021, Table 1"),
+    _gpt("megatron-1t", 51200, 25600, 128, 160, 1008.0e9, "Narayanan et al. 2021, Table 1"),
+    ModelShape("deepseek-v3", 129280, 7168, 61, 128, 128, 18432, experts=256, top_k=8, expert_ffn=2048,
+               shared_experts=1, dense_layers=3, router_bias=True, q_lora_rank=1536, kv_lora_rank=512,
+               qk_rope_dim=64, qk_nope_dim=128, v_head_dim=128, published_params=671e9,
+               source="DeepSeek-V3 technical report: 671B total (without the 14B multi-token prediction module), "
+                      "37B active; " + _HF),
+]}
+
+
+# --- a reader's own model -------------------------------------------------------------------------------
+
+def from_hf_config(config: dict, name: str = "config.json") -> ModelShape:
+    """A :class:`ModelShape` from a Hugging Face ``config.json`` (as a dict): Llama, Mistral,
+    Mixtral, Qwen2 (and Qwen2-MoE), GPT-2/GPT-NeoX-style, BLOOM, OPT and DeepSeek-V2/V3 keys.
+    A ``ValueError`` names what is missing."""
+    c = dict(config)
+    kind = str(c.get("model_type", "llama")).lower()
+
+    def get(*keys, default=None):
+        for k in keys:
+            if k in c and c[k] is not None:
+                return c[k]
+        if default is not None:
+            return default
+        raise ValueError(f"{name}: no {' or '.join(repr(k) for k in keys)} (model_type {kind!r}); "
+                         "give a Hugging Face config.json of a decoder-only transformer")
+
+    hidden = int(get("hidden_size", "n_embd", "n_embed", "d_model"))
+    layers = int(get("num_hidden_layers", "n_layer", "num_layers"))
+    heads = int(get("num_attention_heads", "n_head", "num_heads"))
+    kv = int(get("num_key_value_heads", "multi_query_group_num", default=heads))
+    vocab = int(get("vocab_size", "padded_vocab_size"))
+    tied = bool(get("tie_word_embeddings", default=kind in ("gpt2", "bloom", "opt")))
+    if kind in ("gpt2", "gpt_neox", "bloom", "opt", "gpt_bigcode"):
+        ffn = int(get("ffn_dim", "intermediate_size", "n_inner", default=4 * hidden) or 4 * hidden)
+        position = {"bloom": "alibi", "gpt_neox": "rope"}.get(kind, "learned")
+        max_pos = int(get("n_positions", "max_position_embeddings", default=2048)) + (2 if kind == "opt" else 0)
+        return ModelShape(name, vocab, hidden, layers, heads, kv, ffn, tied=tied, mlp="gelu", norm="layer", bias=True,
+                          position=position, max_positions=max_pos if position == "learned" else 0,
+                          embed_norm=kind == "bloom")
+    ffn = int(get("intermediate_size", "ffn_hidden_size"))
+    shape = ModelShape(name, vocab, hidden, layers, heads, kv, ffn, tied=tied,
+                       head_dim=int(c.get("head_dim") or 0) if c.get("head_dim") not in (None, hidden // heads) else 0,
+                       qkv_bias=bool(c.get("attention_bias") or kind.startswith("qwen2")),
+                       bias=bool(c.get("mlp_bias", False)))
+    experts = int(get("num_local_experts", "n_routed_experts", "num_experts", default=0) or 0)
+    if experts:
+        shape = replace(shape, experts=experts, top_k=int(get("num_experts_per_tok", "moe_topk")),
+                        expert_ffn=int(get("moe_intermediate_size", default=ffn)),
+                        shared_experts=int(get("n_shared_experts", default=0) or 0),
+                        dense_layers=int(get("first_k_dense_replace", default=0) or 0),
+                        router_bias=kind == "deepseek_v3")
+    if c.get("kv_lora_rank"):
+        shape = replace(shape, q_lora_rank=int(c.get("q_lora_rank") or 0), kv_lora_rank=int(c["kv_lora_rank"]),
+                        qk_rope_dim=int(get("qk_rope_head_dim")), qk_nope_dim=int(get("qk_nope_head_dim")),
+                        v_head_dim=int(get("v_head_dim")))
+    return shape
+
+
+def load(name_or_path: str) -> ModelShape:
+    """A preset by name, or a Hugging Face ``config.json`` by path (a ``ValueError`` in one line
+    otherwise)."""
+    if name_or_path in PRESETS:
+        return PRESETS[name_or_path]
+    path = Path(name_or_path)
+    if path.suffix == ".json" or path.exists():
+        if not path.is_file():
+            raise ValueError(f"--model {name_or_path}: no such file; give a preset ({', '.join(PRESETS)}) "
+                             "or the path of a Hugging Face config.json")
+        try:
+            config = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ValueError(f"--model {name_or_path}: not a JSON file ({e})") from None
+        return validate(from_hf_config(config, path.name))
+    raise ValueError(f"--model {name_or_path!r} is neither a preset ({', '.join(PRESETS)}) nor a config.json path")
+
+
+def validate(shape: ModelShape) -> ModelShape:
+    """``shape`` itself, or a ``ValueError`` naming the first impossible size."""
+    for field in ("vocab", "hidden", "layers", "heads", "kv_heads", "ffn"):
+        if getattr(shape, field) < 1:
+            raise ValueError(f"{shape.name}: {field} must be at least 1, got {getattr(shape, field)}")
+    if not shape.mla and not shape.head_dim and shape.hidden % shape.heads:
+        raise ValueError(f"{shape.name}: hidden size {shape.hidden} is not divisible by {shape.heads} heads")
+    if shape.heads % shape.kv_heads:
+        raise ValueError(f"{shape.name}: {shape.heads} heads are not a multiple of {shape.kv_heads} key/value heads")
+    if shape.moe and not 0 < shape.top_k <= shape.experts:
+        raise ValueError(f"{shape.name}: top_k {shape.top_k} must be between 1 and the {shape.experts} experts")
+    return shape
+
+
+def custom(name: str, vocab: int, hidden: int, layers: int, heads: int, kv_heads: int, ffn: int, **kw) -> ModelShape:
+    """A shape from flags (``--hidden`` etc.): a Llama-style block unless told otherwise."""
+    return validate(ModelShape(name, vocab, hidden, layers, heads, kv_heads, ffn, **kw))
+
+
+def to_json(shape: ModelShape) -> dict:
+    return asdict(shape)
