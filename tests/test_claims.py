@@ -21,7 +21,7 @@ def test_check_without_glue():
 
 
 def test_traffic_formulas():
-    from ppbook import traffic
+    from ppbook.planner import traffic
 
     assert traffic.boundary_bytes(2, 8, 16, 2) == 2 * 8 * 16 * 2
     assert traffic.pipeline_bytes_per_step(4, 2, 8, 16, 2) == 2 * 4 * 512

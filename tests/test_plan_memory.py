@@ -33,8 +33,16 @@ def test_precisions_bytes_per_parameter():
         16 * 4 * memory.layer_parameters(memory.LLAMA_SIZES["Llama-3.1-8B"])
     fp32 = memory.stage_state(LlamaConfig(), 2, True, True, "fp32")
     assert (fp32.weights, fp32.gradients, fp32.optimizer) == (4 * fp32.params, 4 * fp32.params, 8 * fp32.params)
-    assert memory.stage_state(LlamaConfig(), 2, True, True, "bf16", shards=4).total * 4 == \
-        memory.stage_state(LlamaConfig(), 2, True, True, "bf16").total
+    # sharded as it runs: ZeRO-1 divides the optimizer state, FSDP between steps everything, and
+    # inside a pipeline FSDP's peak holds the stage gathered and its gradients unsharded
+    cfg, whole = LlamaConfig(), memory.stage_state(LlamaConfig(), 2, True, True, "bf16")
+    zero1 = memory.stage_state(cfg, 2, True, True, "bf16", sharding="zero1", dp=4)
+    assert (zero1.weights, zero1.gradients, zero1.optimizer) == (whole.weights, whole.gradients, whole.optimizer / 4)
+    # FSDP2 keeps a float32 shard that is the master itself (no bf16 copy beside it): 4 + 2 + 8 per parameter / dp
+    between = memory.stage_state_between_steps(cfg, 2, True, True, "bf16", dp=4)
+    assert between.total == whole.params * (4 + 2 + 8) / 4
+    peak = memory.stage_state(cfg, 2, True, True, "bf16", sharding="fsdp", dp=4)
+    assert peak.total == between.total + whole.weights + whole.gradients
 
 
 def saved_bytes(module, *inputs) -> int:
@@ -129,14 +137,20 @@ def test_peak_microbatches_from_torch_orders():
     assert memory.peak_microbatches("1F1B", 4, 8) == {s: 4 - s for s in range(4)}
 
 
-def test_stage_memory_adds_up():
+def test_the_planners_rank_memory_is_the_books_per_stage_arithmetic():
+    """The planner's activations on rank 0 of 1F1B (p = 4, m = 8) are its 4 microbatches of the
+    book's stage bytes (the planner with the book's own block accounting)."""
+    from ppbook.planner import hardware, search
+
     cfg = memory.LLAMA_SIZES["Llama-3.1-8B"]
-    peak = memory.peak_microbatches("1F1B", 4, 8)
-    stages = memory.stage_memory(cfg, 4, peak, 1, 4096)
-    assert [s.layers for s in stages] == [8] * 4 and stages[0].logits == 0 < stages[-1].logits
-    assert stages[0].activations == 4 * memory.stage_activation_bytes(cfg, 1, 4096, 8, True, False, 2)
-    with_rc = memory.stage_memory(cfg, 4, peak, 1, 4096, recompute=True)
-    assert with_rc[0].activations < stages[0].activations / 5
+    req = search.Request(memory.shape_of(cfg), hardware.GPUS["h100-sxm"], 4, 8, 8, 4096, hardware.LINKS["nvlink-h100"],
+                         hardware.LINKS["ib-ndr400"], kernels="book", recipe="bf16-grads")
+    mem = search.rank_memory(search.Layout(1, 4, 1, "1F1B", 1, 1, 8, "none", "none"), req)
+    assert mem[0].activations == 4 * memory.stage_activation_bytes(cfg, 1, 4096, 8, True, False, 2)
+    assert mem[0].logits == 0 < mem[-1].logits
+    assert mem[0].parameters + mem[0].gradients + mem[0].optimizer == memory.stage_state(cfg, 8, True, False).total
+    full = search.rank_memory(search.Layout(1, 4, 1, "1F1B", 1, 1, 8, "none", "full"), req)
+    assert full[0].activations < mem[0].activations / 5
 
 
 # --- against a measured run of all seven schedules -------------------------------------------------

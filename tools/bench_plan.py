@@ -4,7 +4,7 @@ latency + bytes / bandwidth from gloo's measured link (not the measured hand-off
 
     make bench-plan              # or: .venv/bin/python tools/bench_plan.py
 
-1. tools/gloo_link.py times ping-pongs between two processes; ppbook.network.fit_link fits
+1. tools/gloo_link.py times ping-pongs between two processes; ppbook.hardware.fit_link fits
    latency and bandwidth.
 2. scripts/05_schedules.py runs GPipe and 1F1B on two processes at --dim 128 and --dim 512
    (a boundary message of 128 KiB and of 512 KiB, float32), three measured steps each.
@@ -19,12 +19,13 @@ import argparse
 import json
 from pathlib import Path
 
-from ppbook import launch, network, simulate, timeline, traffic
+from ppbook import launch, simulate, timeline
+from ppbook.planner import hardware, traffic
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def predicted_span(run: dict, order, link: network.Link, message_bytes: int) -> float:
+def predicted_span(run: dict, order, link: hardware.Link, message_bytes: int) -> float:
     costs = {(int(k[:-1]), k[-1]): v for k, v in run["costs"].items()}
     overheads = {(int(k[:-1]), k[-1]): v for k, v in run["overheads"].items()}
     events = simulate.simulate(order, costs, latency=lambda dep, a: link.time(message_bytes), overhead=overheads)
@@ -39,7 +40,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="_build/bench/plan.json")
     args = p.parse_args(argv)
     ping = launch.torchrun(ROOT / "tools" / "gloo_link.py", [], nproc=2, timeout=300).data
-    link = network.fit_link(ping["sizes"], ping["one_way_seconds"], "gloo")
+    link = hardware.fit_link(ping["sizes"], ping["one_way_seconds"], "gloo")
     print(f"gloo on this machine: latency {link.latency * 1e6:.0f} us, bandwidth {link.bandwidth / 1e9:.2f} GB/s")
     m, batch, seq = 8, 32, 64
     rows, raw = [], {"link": link.__dict__, "ping": ping, "runs": {}}
@@ -52,7 +53,7 @@ def main(argv=None) -> int:
         for r in run["runs"]:
             order = simulate.torch_order(r["schedule"], 2, m, run["stages_per_rank"])
             measured = sum(s["span"] for s in r["steps"]) / len(r["steps"])
-            free = network.Link("free", 0.0, float("inf"))  # the same prediction with hand-offs costing nothing
+            free = hardware.Link("free", 0.0, float("inf"))  # the same prediction with hand-offs costing nothing
             rows.append((dim, message, r["schedule"], measured, predicted_span(r, order, link, message),
                          predicted_span(r, order, free, message)))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -3,7 +3,7 @@
     torchrun --standalone --nproc-per-node 2 tools/gloo_link.py --json out.json
 
 Rank 0 sends a float32 tensor of each size to rank 1, which sends it back; half the median
-round trip is the one-way time. ppbook.network.fit_link turns the times into latency + bandwidth.
+round trip is the one-way time. ppbook.planner.hardware.fit_link turns the times into latency + bandwidth.
 """
 
 from __future__ import annotations

@@ -28,10 +28,10 @@ Modules, in the order the book introduces them:
 * :mod:`ppbook.checkpoint` -- distributed checkpoints: save, resume, reshard, export (chapter 7)
 * :mod:`ppbook.skip`    -- a model with a skip connection across stages, tied embeddings (chapter 8)
 * :mod:`ppbook.nodes`   -- several torchrun "nodes" on one machine; where mesh ranks land (chapter 9)
-* :mod:`ppbook.traffic` -- bytes per step crossing the network for PP, DP and FSDP (chapter 9)
 * :mod:`ppbook.fsdp_probe` -- FSDP2's all-gathers and gathered bytes during a pipeline step (chapter 9)
-* :mod:`ppbook.network` -- links as latency + bytes / bandwidth, NVLink/IB/RoCE presets (chapter 10)
-* :mod:`ppbook.plan`    -- the planner: layouts and schedules ranked by predicted step time (chapter 10)
+* :mod:`ppbook.planner` -- the torch-free planner: schedules' orders, simulator, model shapes, GPUs and links,
+  memory by sharding, traffic, costs, the search, published runs (chapters 5, 9, 10; the site's planner page)
+* :mod:`ppbook.plan`    -- the planner's command line, ``python -m ppbook.plan`` (chapter 10)
 * :mod:`ppbook.zygote`  -- the build's and the tests' launch server: ranks forked with torch imported (no chapter)
 * :mod:`ppbook.errors`  -- finding the rank that failed in torchrun's output (appendix C)
 """

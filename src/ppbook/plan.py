@@ -1,458 +1,396 @@
-"""Choosing a pipeline: enumerate layouts and schedules, drop what cannot run, rank the rest.
+"""Choosing a pipeline from the command line: ``python -m ppbook.plan``.
 
-Introduced in "Choosing a pipeline". For a model, a cluster and a global batch, the planner
-enumerates the pipeline size p, the data-parallel size dp (tensor-parallel size tp given),
-whether dp replicates or shards the training state, the microbatch size b and count m, the
-stages per rank v, recomputation and torch's seven schedules. It drops each candidate that
-violates a schedule's constraints (:func:`ppbook.stages.schedule_problem`) or does not fit
-(:mod:`ppbook.memory`), and ranks the rest by predicted step time: torch's order of actions,
-simulated (:func:`ppbook.simulate.simulate`) with per-action times measured on an H100
-(``data/gpu/h100_llama3_costs.json``), hand-offs as latency + bytes / bandwidth
-(:mod:`ppbook.network`), then the data-parallel gradient traffic, not overlapped.
+Introduced in "Choosing a pipeline". A thin command line over the torch-free planner
+(:mod:`ppbook.planner.search`): it reads the request (a preset model or a Hugging Face
+``config.json``, a GPU preset or your own numbers, links, GPUs, batch), prints the ranked layouts,
+the winner's memory per GPU by kind and why it wins, and, on request, explains a layout you name
+(``--layout``) and writes the winner as a torchtitan TOML fragment or Megatron-LM arguments.
 
-    python -m ppbook.plan --model llama3-8b --gpus 8 --gpus-per-node 8 --gpu-memory 80 --global-batch 64 --seq-len 8192
-    python -m ppbook.plan --model llama3-70b --gpus 64 --gpus-per-node 8 --gpu-memory 80 --global-batch 1024 --seq-len 8192 --why
+    python -m ppbook.plan --model llama3-8b --gpu h100-sxm --gpus 8 --global-batch 64 --seq-len 8192
+    python -m ppbook.plan --model llama3-70b --gpus 64 --global-batch 1024 --seq-len 8192 --export torchtitan
+    python -m ppbook.plan --model path/to/config.json --gpu a100-80gb --gpus 32 --global-batch 256 --seq-len 4096
+    python -m ppbook.plan --model llama3-70b --gpus 64 --global-batch 1024 --seq-len 8192 \\
+        --layout "tp=8 pp=8 dp=1 schedule=1F1B b=1 sharding=none recompute=full"
+
+Every bad request gets one line saying what is wrong and how to fix it, and exit status 2; a
+request nothing fits gets the closest layout's memory and exit status 1.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 import json
+import math
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, replace
 from pathlib import Path
 
-from ppbook import memory, network, simulate, stages, traffic
-from ppbook.planner import schedules
-from ppbook.stages import assign_layers
+from ppbook.planner import hardware, memory, schedules, search, shapes
+from ppbook.planner.costs import MEASURED_GPU
 
-COSTS_FILE = Path(__file__).resolve().parents[2] / "data" / "gpu" / "h100_llama3_costs.json"
-MODELS = {"llama3-8b": "Llama-3.1-8B", "llama3-70b": "Llama-3.1-70B", "llama3-405b": "Llama-3.1-405B"}
-SPLIT_BACKWARD = ("InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")  # I and W passes
-NO_PIPELINE = "none"  # p = 1: data parallelism alone, gradient accumulation over m microbatches
+GB = memory.GB
 
 
-@dataclass(frozen=True)
-class Request:
-    model: str
-    gpus: int
-    gpus_per_node: int
-    gpu_memory_gb: float
-    global_batch: int       # sequences per step
-    seq_len: int
-    tp: int = 1
-    precision: str = "bf16"
-    intra: str = "nvlink-h100"
-    inter: str = "ib-ndr400"
-    headroom: float = 0.1   # fraction of each GPU kept free (CUDA context, NCCL buffers, fragmentation)
-    max_microbatch_size: int = 4
-    max_v: int = 4
-    max_p: int = 16
-    schedules: tuple[str, ...] = tuple(stages.TORCH_SCHEDULES)
-
-
-@dataclass(frozen=True)
-class Candidate:
-    schedule: str
-    p: int
-    dp: int
-    v: int        # stages per rank (1 for GPipe and 1F1B, 2 for the V-shaped schedules)
-    b: int        # microbatch size (sequences)
-    m: int        # microbatches per step and data-parallel rank
-    shard: bool   # dp shards the optimizer state, gradients and weights (FSDP / ZeRO) instead of replicating
-    recompute: bool
-
-    def label(self) -> str:
-        v = f" v={self.v}" if self.v > 1 else ""
-        return (f"{self.schedule} p={self.p}{v} dp={self.dp}{' shard' if self.shard else ''} "
-                f"b={self.b} m={self.m}{' recompute' if self.recompute else ''}")
-
-
-@dataclass
-class Outcome:
-    candidate: Candidate
-    step_s: float = 0.0        # predicted step time
-    pipeline_s: float = 0.0    # of which the pipeline's forward and backward passes
-    dp_s: float = 0.0          # of which the data-parallel gradient (and FSDP weight) traffic
-    bubble: float = 0.0        # idle fraction of the pipeline part, mean over ranks
-    memory_gb: float = 0.0     # the fullest GPU's peak
-    why_not: str | None = None
-    detail: dict = field(default_factory=dict)
-
-
-# --- inputs ------------------------------------------------------------------------------------------
-def validate(req: Request) -> None:
-    """One line saying what is wrong with ``req`` and how to fix it."""
-    if req.model not in MODELS:
-        raise ValueError(f"--model {req.model!r} is not one the planner has costs for; use one of {', '.join(MODELS)}")
-    for name, value in (("--gpus", req.gpus), ("--gpus-per-node", req.gpus_per_node), ("--global-batch", req.global_batch),
-                        ("--seq-len", req.seq_len), ("--tp", req.tp), ("--max-microbatch-size", req.max_microbatch_size),
-                        ("--max-v", req.max_v), ("--max-p", req.max_p)):
-        if value < 1:
-            raise ValueError(f"{name} must be at least 1, got {value}")
-    if req.gpu_memory_gb <= 0:
-        raise ValueError(f"--gpu-memory must be positive (GB), got {req.gpu_memory_gb}")
-    if not 0 <= req.headroom < 1:
-        raise ValueError(f"--headroom is a fraction of the GPU's memory kept free, in [0, 1); got {req.headroom}")
-    if req.gpus % req.tp:
-        raise ValueError(f"--gpus {req.gpus} is not a multiple of --tp {req.tp}; use a tensor-parallel size that divides it")
-    if req.tp > req.gpus_per_node:
-        raise ValueError(f"--tp {req.tp} spans more than one node of {req.gpus_per_node} GPUs; keep --tp <= --gpus-per-node")
-    if req.gpus > req.gpus_per_node and req.gpus % req.gpus_per_node:
-        raise ValueError(f"--gpus {req.gpus} is not a whole number of nodes of {req.gpus_per_node}; use a multiple")
-    seqs = sorted({r["seq_len"] for r in _rows() if r["model"] == req.model})
-    if req.seq_len not in seqs:
-        raise ValueError(f"no H100 costs at --seq-len {req.seq_len} (the measured file has {', '.join(map(str, seqs))}); "
-                         "use one of those or record costs at your length")
-    for s in req.schedules:
-        if s not in stages.TORCH_SCHEDULES:
-            raise ValueError(f"unknown schedule {s!r}; use some of {', '.join(stages.TORCH_SCHEDULES)}")
-    for name in (req.intra, req.inter):
-        if name not in network.LINKS:
-            raise ValueError(f"unknown link {name!r}; use one of {', '.join(network.LINKS)}")
-
-
-_ROWS: list[dict] | None = None
-
-
-def _rows() -> list[dict]:
-    global _ROWS
-    if _ROWS is None:
-        _ROWS = json.loads(COSTS_FILE.read_text())["rows"]
-    return _ROWS
-
-
-def part_costs(model: str, part: str, seq_len: int, b: int) -> dict[str, float]:
-    """Seconds of F, I, W and B for one block (``part="block"``) or the head with its loss, at
-    microbatch size ``b``: the H100 row measured at ``b`` if there is one, else the one-sequence
-    row times ``b`` (the GPU is saturated at these sizes: two sequences cost 1.8 to 2.0 times one)."""
-    rows = [r for r in _rows() if r["model"] == model and r["part"] == part and r["seq_len"] == seq_len]
-    row = next((r for r in rows if r["microbatch"] == b), None)
-    scale = 1
-    if row is None:
-        row, scale = next(r for r in rows if r["microbatch"] == 1), b
-    return {"F": scale * row["F_ms"] / 1e3, "I": scale * row["I_ms"] / 1e3,
-            "W": scale * row["W_ms_est"] / 1e3, "B": scale * row["B_ms"] / 1e3}
-
-
-# --- enumeration ---------------------------------------------------------------------------------------
-def candidates(req: Request) -> list[Candidate]:
-    """Every combination the planner considers, constraints not yet checked."""
-    cfg = memory.LLAMA_SIZES[MODELS[req.model]]
-    out = []
-    ranks = req.gpus // req.tp
-    for p in (d for d in range(1, ranks + 1) if ranks % d == 0 and d <= min(cfg.n_layers, req.max_p)):
-        dp = ranks // p
-        for b in (x for x in (1, 2, 4, 8, 16) if x <= req.max_microbatch_size):
-            if req.global_batch % (dp * b):
-                continue
-            m = req.global_batch // (dp * b)
-            names = [NO_PIPELINE] if p == 1 else list(req.schedules)
-            for name in names:
-                placement = "single" if name == NO_PIPELINE else stages.placement(name)
-                vs = [v for v in range(2, req.max_v + 1)] if placement == "loop" else [2] if placement == "v" else [1]
-                for v in vs:
-                    for shard in ((False, True) if dp > 1 else (False,)):
-                        for recompute in (False, True):
-                            out.append(Candidate(name, p, dp, v, b, m, shard, recompute))
-    return out
-
-
-def constraint_problem(c: Candidate, req: Request) -> str | None:
-    cfg = memory.LLAMA_SIZES[MODELS[req.model]]
-    if c.schedule == NO_PIPELINE:
-        return None
-    return stages.schedule_problem(c.schedule, c.p, c.m, c.v, cfg.n_layers)
-
-
-# --- prediction -----------------------------------------------------------------------------------------
-def _num_stages(c: Candidate) -> int:
-    return c.p * (1 if c.schedule == NO_PIPELINE else stages.stages_per_rank(c.schedule, c.v))
-
-
-def _stage_layers(c: Candidate, req: Request) -> list[int]:
-    cfg = memory.LLAMA_SIZES[MODELS[req.model]]
-    return [len(x) for x in assign_layers(cfg.n_layers, _num_stages(c))]
-
-
-def stage_costs(c: Candidate, req: Request) -> dict[tuple[int, str], float]:
-    """Seconds of each (stage, kind): its blocks, plus the head and loss on the last stage; with
-    recomputation, the input-gradient (or full) backward also runs the forward again; with tensor
-    parallelism, compute divides by tp and each block adds two all-reduces of the activation in
-    its forward and two in its backward (Megatron-LM's layout, Shoeybi et al. 2019)."""
-    block = part_costs(req.model, "block", req.seq_len, c.b)
-    head = part_costs(req.model, "head+loss", req.seq_len, c.b)
-    cfg = memory.LLAMA_SIZES[MODELS[req.model]]
-    tp_comm = 0.0
-    if req.tp > 1:
-        act = traffic.boundary_bytes(c.b, req.seq_len, cfg.dim, 2)
-        tp_comm = 2 * network.LINKS[req.intra].allreduce(act, req.tp)
-    layers = _stage_layers(c, req)
-    out = {}
-    for s, n in enumerate(layers):
-        last = s == len(layers) - 1
-        for kind in ("F", "I", "W", "B"):
-            t = n * block[kind] + (head[kind] if last else 0.0)
-            if c.recompute and kind in ("I", "B"):
-                t += n * block["F"]
-            t = t / req.tp + (n * tp_comm if kind in ("F", "I", "B") else 0.0)
-            out[(s, kind)] = t
-    return out
-
-
-@functools.lru_cache(maxsize=512)
-def _order_cached(name: str, p: int, m: int, v: int) -> simulate.Order:
-    if name == NO_PIPELINE:
-        return simulate.one_f_one_b_order(1, m)  # gradient accumulation: F0 B0 F1 B1 ...
-    return schedules.order(name, p, m, v)  # torch's order, without torch
-
-
-def _order(c: Candidate, m: int) -> simulate.Order:
-    return _order_cached(c.schedule, c.p, m, c.v)
-
-
-def _simulated_ms(c: Candidate) -> list[int]:
-    """Microbatch counts to simulate: ``m`` itself when below 2p, else 2p and 3p, from which step
-    time and memory are inter- or extrapolated linearly in m (both orders have reached their
-    steady state; tests/test_plan.py checks the result against simulating m itself)."""
-    if c.m < 2 * c.p or c.schedule == NO_PIPELINE:
-        return [c.m]
-    return [2 * c.p, 3 * c.p]
-
-
-def _span_at(c: Candidate, req: Request, m: int, costs) -> float:
-    """Simulated time of the pipeline's passes for ``m`` microbatches, hand-offs over the layout's links."""
-    cfg = memory.LLAMA_SIZES[MODELS[req.model]]
-    order = _order(c, m)
-    rank_of = {a.stage: r for r, acts in order.items() for a in acts}
-    link = network.handoff_latency(traffic.boundary_bytes(c.b, req.seq_len, cfg.dim, 2) // req.tp, rank_of, c.dp,
-                                   req.tp, req.gpus_per_node, network.LINKS[req.intra], network.LINKS[req.inter])
-    return max(e.end for e in simulate.simulate(order, costs, latency=link))
-
-
-def _held_at(c: Candidate, req: Request, m: int) -> tuple[dict[int, int], int]:
-    """Per rank, the peak bytes of saved activations for ``m`` microbatches, and how many
-    microbatches' logits the last stage holds at once: from the order alone, no simulation."""
-    cfg = memory.LLAMA_SIZES[MODELS[req.model]]
-    order = _order(c, m)
-    n = _num_stages(c)
-    dt = memory.PRECISIONS[req.precision].activation_bytes
-    layers = _stage_layers(c, req)
-    per_mb = {s: memory.stage_activation_bytes(cfg, c.b, req.seq_len, layers[s], s == 0, s == n - 1, dt, c.recompute)
-              // req.tp for s in range(n)}
-    residual = {}
-    if c.schedule in SPLIT_BACKWARD:  # torch 2.13 keeps these until step returns (see memory.block_residual_bytes)
-        for s in range(n):
-            full = c.recompute or s == n - 1  # an upper bound where the formula is not exact
-            residual[s] = per_mb[s] if full else layers[s] * memory.block_residual_bytes(cfg, c.b, req.seq_len, dt) // req.tp
-    return memory.peak_activation_bytes(order, per_mb, residual, by="rank"), simulate.peak_in_flight(order)[n - 1]
-
-
-def _extrapolate(points: list[tuple[int, float]], m: int) -> float:
-    if len(points) == 1:
-        return points[0][1]
-    (m1, y1), (m2, y2) = points
-    return y1 + (y2 - y1) * (m - m1) / (m2 - m1)
-
-
-def _rank_state(c: Candidate, req: Request, owned: list[int], layers: list[int]) -> tuple[float, float, float]:
-    """(resident bytes, weight bytes, gradient bytes) of the training state of the stages
-    ``owned`` by one GPU. Replicated: weights, gradients and optimizer state whole. Sharded over dp
-    (FSDP / ZeRO-3 with the weights gathered once for the step, as with pipelining one does not
-    re-gather per microbatch): gathered weights and accumulated gradients whole, plus the shards of
-    all three."""
-    cfg = memory.LLAMA_SIZES[MODELS[req.model]]
-    pr = memory.PRECISIONS[req.precision]
-    n = len(layers)
-    params = sum(memory.stage_parameters(cfg, layers[s], s == 0, s == n - 1) for s in owned) / req.tp
-    w, g, o = params * pr.weight_bytes, params * pr.grad_bytes, params * pr.optimizer_bytes
-    return (w + g + (w + g + o) / c.dp if c.shard else w + g + o), w, g
-
-
-def _owned(c: Candidate, rank: int) -> list[int]:
-    return [0] if c.schedule == NO_PIPELINE else stages.stage_indices(c.schedule, rank, c.p, c.v)
-
-
-def predict(c: Candidate, req: Request, usable_gb: float | None = None) -> Outcome:
-    """Step time, bubble and the fullest GPU's memory of one candidate (constraints assumed met).
-    With ``usable_gb``, a candidate whose memory exceeds it is returned with ``why_not`` and no
-    simulation (memory follows from the order alone)."""
-    cfg = memory.LLAMA_SIZES[MODELS[req.model]]
-    ms = _simulated_ms(c)
-    held = [_held_at(c, req, m) for m in ms]
-    n = _num_stages(c)
-    layers = _stage_layers(c, req)
-    dt = memory.PRECISIONS[req.precision].activation_bytes
-    intra, inter = network.LINKS[req.intra], network.LINKS[req.inter]
-    dp_link = network.group_link(c.dp * req.tp, req.gpus_per_node, intra, inter)
-    worst_mem, worst_dp = 0.0, 0.0
-    for rank in range(c.p):
-        stages = _owned(c, rank)
-        state, w, g = _rank_state(c, req, stages, layers)
-        if c.shard:  # all-gather of the weights, reduce-scatter of the gradients (ppbook.traffic)
-            sync = traffic.fsdp_bytes_per_rank(w, g, c.dp) / dp_link.bandwidth + 3 * (c.dp - 1) * dp_link.latency
-        else:
-            sync = dp_link.allreduce(g, c.dp)
-        act = _extrapolate([(m, h[0].get(rank, 0)) for m, h in zip(ms, held)], c.m)
-        if c.recompute:
-            act += memory.recompute_transient_bytes(cfg, c.b, req.seq_len, dt) / req.tp
-        count = _extrapolate([(m, h[1]) for m, h in zip(ms, held)], c.m)
-        logits = count * memory.logits_bytes(cfg, c.b, req.seq_len, dt, 4) / req.tp if n - 1 in stages else 0.0
-        worst_mem = max(worst_mem, state + act + logits)
-        worst_dp = max(worst_dp, sync)
-    if usable_gb is not None and worst_mem / 1e9 > usable_gb:
-        return Outcome(c, step_s=float("inf"), memory_gb=worst_mem / 1e9,
-                       why_not=f"does not fit: needs {worst_mem / 1e9:.0f} GB at its peak of the {usable_gb:.0f} GB usable")
-    costs = stage_costs(c, req)
-    span = _extrapolate([(m, _span_at(c, req, m, costs)) for m in ms], c.m)
-    work = sum(costs[(a.stage, a.kind)] for acts in _order(c, ms[-1]).values() for a in acts) / ms[-1] * c.m
-    bubble = max(0.0, 1 - work / (c.p * span))
-    return Outcome(c, step_s=span + worst_dp, pipeline_s=span, dp_s=worst_dp, bubble=bubble, memory_gb=worst_mem / 1e9)
-
-
-def lower_bound(c: Candidate, req: Request) -> float:
-    """A step time no simulation can beat: the busiest rank's compute alone."""
-    costs = stage_costs(c, req)
-    per_rank = [0.0] * c.p
-    split = c.schedule in SPLIT_BACKWARD
-    for r in range(c.p):
-        owned = _owned(c, r)
-        per_rank[r] = sum(costs[(s, "F")] + (costs[(s, "I")] + costs[(s, "W")] if split else costs[(s, "B")]) for s in owned)
-    return c.m * max(per_rank)
-
-
-def plan(req: Request, keep_all: bool = False, slack: float = 0.05) -> tuple[list[Outcome], list[Outcome]]:
-    """(ranked, dropped): feasible candidates fastest first, and the others with why they were
-    dropped. Unless ``keep_all``, candidates whose lower bound is more than ``slack`` above the
-    best step time found are not simulated (they cannot come within ``slack`` of the winner) and
-    are left out of both lists."""
-    validate(req)
-    dropped, fits = [], []
-    usable = req.gpu_memory_gb * (1 - req.headroom)
-    cfg = memory.LLAMA_SIZES[MODELS[req.model]]
-    pr = memory.PRECISIONS[req.precision]
-    for c in candidates(req):
-        problem = constraint_problem(c, req)
-        if problem:
-            dropped.append(Outcome(c, why_not=problem))
-            continue
-        # memory before any simulation: the training state, plus on rank 0 min(m, p) microbatches
-        # of its smallest stage (every one of torch's seven schedules fills the pipeline before
-        # rank 0 sees a backward: tests/test_plan.py checks it), one microbatch elsewhere
-        layers = _stage_layers(c, req)
-        n = len(layers)
-        floor = 0.0
-        for r in range(c.p):
-            owned = _owned(c, r)
-            state = _rank_state(c, req, owned, layers)[0]
-            acts = [memory.stage_activation_bytes(cfg, c.b, req.seq_len, layers[s], s == 0, s == n - 1,
-                                                  pr.activation_bytes, c.recompute) / req.tp for s in owned]
-            held = min(c.m, c.p) * min(acts) if r == 0 else max(acts)
-            floor = max(floor, state + held)
-        if floor / 1e9 > usable:
-            dropped.append(Outcome(c, memory_gb=floor / 1e9, why_not=(
-                f"does not fit: training state plus the fewest activations it can hold need {floor / 1e9:.0f} GB "
-                f"of the {usable:.0f} GB usable")))
-            continue
-        fits.append(c)
-    fits.sort(key=lambda c: lower_bound(c, req))
-    ranked: list[Outcome] = []
-    best = float("inf")
-    for c in fits:
-        if not keep_all and lower_bound(c, req) > best * (1 + slack):
-            break
-        out = predict(c, req, usable)
-        if out.why_not:
-            dropped.append(out)
-            continue
-        ranked.append(out)
-        best = min(best, out.step_s)
-    ranked.sort(key=lambda o: o.step_s)
-    return ranked, dropped
-
-
-def why_winner(ranked: list[Outcome]) -> str:
-    """One sentence on why the first candidate beats the runner-up and the best of another schedule."""
-    if not ranked:
-        return "nothing fits: see --why for each candidate's reason"
-    win = ranked[0]
-    lead = "no pipeline (data parallelism alone)" if win.candidate.schedule == NO_PIPELINE else win.candidate.label()
-    parts = [f"{lead}{': ' + win.candidate.label() if win.candidate.schedule == NO_PIPELINE else ''} is predicted fastest at {win.step_s:.2f} s per step "
-             f"(bubble {100 * win.bubble:.1f}%, data-parallel traffic {win.dp_s:.2f} s, {win.memory_gb:.0f} GB on the fullest GPU)"]
-    other = next((o for o in ranked[1:] if o.candidate.schedule != win.candidate.schedule), None)
-    if len(ranked) > 1:
-        r = ranked[1]
-        parts.append(f"the runner-up {r.candidate.label()} takes {100 * (r.step_s / win.step_s - 1):.1f}% longer")
-    if other is not None and other is not ranked[1]:
-        parts.append(f"the best {other.candidate.schedule} ({other.candidate.label()}) {100 * (other.step_s / win.step_s - 1):.1f}% longer")
-    return "; ".join(parts) + "."
-
-
-def outcome_json(o: Outcome) -> dict:
-    return {**asdict(o.candidate), "step_s": o.step_s, "pipeline_s": o.pipeline_s, "dp_s": o.dp_s,
-            "bubble": o.bubble, "memory_gb": o.memory_gb, "why_not": o.why_not}
-
+# --- the request -------------------------------------------------------------------------------------------
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m ppbook.plan", description=__doc__.split("\n")[0])
-    p.add_argument("--model", required=True, help=f"one of {', '.join(MODELS)}")
-    p.add_argument("--gpus", type=int, required=True)
-    p.add_argument("--gpus-per-node", type=int, default=8)
-    p.add_argument("--gpu-memory", type=float, default=80, help="GB per GPU, as sold (80 for an H100)")
-    p.add_argument("--global-batch", type=int, required=True, help="sequences per optimizer step")
-    p.add_argument("--seq-len", type=int, required=True)
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size, taken as given (within a node)")
-    p.add_argument("--precision", choices=list(memory.PRECISIONS), default="bf16")
-    p.add_argument("--intra", default="nvlink-h100", help=f"link within a node: {', '.join(network.LINKS)}")
-    p.add_argument("--inter", default="ib-ndr400", help="link between nodes")
-    p.add_argument("--headroom", type=float, default=0.1, help="fraction of each GPU's memory kept free")
-    p.add_argument("--max-microbatch-size", type=int, default=4)
-    p.add_argument("--max-v", type=int, default=4, help="most stages per rank tried for the looped schedules")
-    p.add_argument("--max-p", type=int, default=16, help="largest pipeline size tried (Llama 3 405B used 16)")
-    p.add_argument("--schedules", nargs="+", default=list(stages.TORCH_SCHEDULES), help="schedules to consider (default: all seven)")
-    p.add_argument("--top", type=int, default=10, help="rows of the table")
-    p.add_argument("--why", action="store_true", help="print one line per dropped candidate saying why")
-    p.add_argument("--json", help="write every candidate and its outcome to this path")
+    g = p.add_argument_group("model")
+    g.add_argument("--model", required=True,
+                   help=f"a preset ({', '.join(shapes.PRESETS)}), the path of a Hugging Face config.json, or "
+                        "'custom' with the flags below")
+    for flag in ("hidden", "layers", "heads", "kv-heads", "ffn", "vocab"):
+        g.add_argument(f"--{flag}", type=int, default=None, help="with --model custom (a Llama-style block)")
+    g = p.add_argument_group("hardware")
+    g.add_argument("--gpu", default="h100-sxm", help=f"a preset ({', '.join(hardware.GPUS)}) or 'custom'")
+    g.add_argument("--gpu-memory", type=float, default=None, help="GB per GPU (overrides the preset's)")
+    g.add_argument("--gpu-tflops", type=float, default=None, help="dense bf16 peak, TFLOP/s (overrides)")
+    g.add_argument("--gpu-bandwidth", type=float, default=None, help="memory bandwidth, TB/s (overrides)")
+    g.add_argument("--gpus", type=int, required=True, help="GPUs in all")
+    g.add_argument("--gpus-per-node", type=int, default=8)
+    g.add_argument("--intra", default=None, help=f"link within a node (default: the GPU's): {', '.join(hardware.LINKS)}")
+    g.add_argument("--inter", default=hardware.INTER_DEFAULT, help="link between nodes")
+    for side in ("intra", "inter"):
+        g.add_argument(f"--{side}-bandwidth", type=float, default=None, help=f"GB/s per GPU each way (overrides --{side})")
+        g.add_argument(f"--{side}-latency", type=float, default=None, help="microseconds per message (overrides)")
+    g = p.add_argument_group("training")
+    g.add_argument("--global-batch", type=int, required=True, help="sequences per optimizer step")
+    g.add_argument("--seq-len", type=int, required=True)
+    g.add_argument("--recipe", choices=list(memory.RECIPES), default="bf16",
+                   help="bf16: bf16 weights, float32 gradients, master and moments (18 bytes/parameter); "
+                        "bf16-grads: bf16 gradients (16, ZeRO's count); fp32 (16)")
+    g.add_argument("--kernels", choices=memory.KERNELS, default="fused",
+                   help="fused (FlashAttention, fused norms and SwiGLU), unfused (attention keeps its scores), "
+                        "book (the book's own block)")
+    g.add_argument("--no-sequence-parallel", action="store_true", help="tensor parallelism without sequence parallelism")
+    g.add_argument("--headroom", type=float, default=0.1, help="fraction of each GPU kept free")
+    g = p.add_argument_group("what to search (default: everything)")
+    g.add_argument("--tp", type=int, nargs="+", default=None, help="tensor-parallel sizes to try")
+    g.add_argument("--max-p", type=int, default=32, help="largest pipeline size tried")
+    g.add_argument("--max-v", type=int, default=4, help="most stages per rank of the looped schedules")
+    g.add_argument("--microbatch-sizes", type=int, nargs="+", default=None)
+    g.add_argument("--max-microbatch-size", type=int, default=8)
+    g.add_argument("--schedules", nargs="+", default=list(schedules.TORCH_SCHEDULES))
+    g.add_argument("--sharding", nargs="+", default=list(memory.SHARDING))
+    g.add_argument("--recompute", nargs="+", default=list(memory.RECOMPUTE))
+    g.add_argument("--balance", nargs="+", default=list(search.BALANCES),
+                   help="even layers per stage, or ends: the first and last stages give up layers for the "
+                        "embedding and the head")
+    g.add_argument("--estimate-costs", action="store_true",
+                   help="estimate every action from FLOPs, even where the book's H100 measurements match")
+    g = p.add_argument_group("output")
+    g.add_argument("--top", type=int, default=10, help="rows of the ranked table")
+    g.add_argument("--why", action="store_true", help="say why the other layouts were dropped")
+    g.add_argument("--layout", default=None,
+                   help='explain one layout, e.g. "tp=8 pp=8 dp=1 schedule=1F1B v=1 b=1 sharding=zero1 '
+                        'recompute=full balance=even"')
+    g.add_argument("--export", choices=["torchtitan", "megatron"], default=None, help="write the winner as config")
+    g.add_argument("--json", default=None, help="write the request and every outcome to this path")
     return p.parse_args(argv)
 
 
-def request_from(args: argparse.Namespace) -> Request:
-    return Request(args.model, args.gpus, args.gpus_per_node, args.gpu_memory, args.global_batch, args.seq_len,
-                   args.tp, args.precision, args.intra, args.inter, args.headroom, args.max_microbatch_size,
-                   args.max_v, args.max_p, tuple(args.schedules))
+def _finite(name: str, value: float | None, low: float = 0.0, inclusive: bool = False) -> None:
+    if value is None:
+        return
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value}")
+    if value < low or (value == low and not inclusive):
+        raise ValueError(f"{name} must be {'at least' if inclusive else 'more than'} {low:g}, got {value:g}")
+
+
+def request_from(args: argparse.Namespace) -> search.Request:
+    """The planner's request, or a ``ValueError`` naming the first thing wrong and its fix."""
+    for name in ("gpus", "gpus_per_node", "global_batch", "seq_len", "max_p", "max_v", "max_microbatch_size", "top"):
+        _finite(f"--{name.replace('_', '-')}", getattr(args, name), 1, inclusive=True)
+    for name in ("gpu_memory", "gpu_tflops", "gpu_bandwidth", "intra_bandwidth", "inter_bandwidth"):
+        _finite(f"--{name.replace('_', '-')}", getattr(args, name))
+    for name in ("intra_latency", "inter_latency"):
+        _finite(f"--{name.replace('_', '-')}", getattr(args, name), 0.0, inclusive=True)
+    if not math.isfinite(args.headroom) or not 0 <= args.headroom < 1:
+        raise ValueError(f"--headroom is the fraction of each GPU kept free, in [0, 1); got {args.headroom}")
+    if args.model == "custom":
+        missing = [f for f in ("hidden", "layers", "heads", "ffn", "vocab") if getattr(args, f.replace("-", "_")) is None]
+        if missing:
+            raise ValueError(f"--model custom needs --{' --'.join(missing)} (and --kv-heads, default --heads)")
+        for f in ("hidden", "layers", "heads", "kv_heads", "ffn", "vocab"):
+            _finite(f"--{f.replace('_', '-')}", getattr(args, f), 1, inclusive=True)
+        model = shapes.custom("custom", args.vocab, args.hidden, args.layers, args.heads,
+                              args.kv_heads or args.heads, args.ffn)
+    else:
+        model = shapes.load(args.model)
+    if args.gpu == "custom":
+        if None in (args.gpu_memory, args.gpu_tflops, args.gpu_bandwidth):
+            raise ValueError("--gpu custom needs --gpu-memory, --gpu-tflops and --gpu-bandwidth")
+        gpu = hardware.custom_gpu(args.gpu_memory, args.gpu_tflops, args.gpu_bandwidth)
+    else:
+        gpu = hardware.gpu(args.gpu)
+        overrides = {k: v for k, v in (("memory_gb", args.gpu_memory), ("bf16_tflops", args.gpu_tflops),
+                                        ("hbm_tb_s", args.gpu_bandwidth)) if v is not None}
+        if overrides:
+            gpu = replace(gpu, name=gpu.name + " (modified)", **overrides)
+    links = {}
+    for side, default in (("intra", args.intra or gpu.nvlink), ("inter", args.inter)):
+        base = hardware.link(default)
+        bw, lat = getattr(args, f"{side}_bandwidth"), getattr(args, f"{side}_latency")
+        links[side] = base if bw is None and lat is None else hardware.custom_link(
+            f"{side} (given)", bw if bw is not None else base.bandwidth / 1e9, lat if lat is not None else base.latency * 1e6)
+    if args.gpus > args.gpus_per_node and args.gpus % args.gpus_per_node:
+        raise ValueError(f"--gpus {args.gpus} is not a whole number of nodes of {args.gpus_per_node}; use a multiple "
+                         f"of {args.gpus_per_node} (or set --gpus-per-node)")
+    for flag, values, allowed in (("--schedules", args.schedules, schedules.TORCH_SCHEDULES),
+                                  ("--sharding", args.sharding, memory.SHARDING),
+                                  ("--recompute", args.recompute, memory.RECOMPUTE),
+                                  ("--balance", args.balance, search.BALANCES)):
+        bad = [x for x in values if x not in allowed]
+        if bad:
+            raise ValueError(f"{flag}: unknown {', '.join(map(repr, bad))}; use some of {', '.join(allowed)}")
+    for flag, values in (("--tp", args.tp or []), ("--microbatch-sizes", args.microbatch_sizes or [])):
+        for x in values:
+            _finite(flag, x, 1, inclusive=True)
+    req = search.Request(model, gpu, args.gpus, args.gpus_per_node, args.global_batch, args.seq_len,
+                         links["intra"], links["inter"], recipe=args.recipe, kernels=args.kernels,
+                         sequence_parallel=not args.no_sequence_parallel, headroom=args.headroom,
+                         tps=tuple(args.tp or ()), max_p=args.max_p, max_v=args.max_v,
+                         max_microbatch_size=args.max_microbatch_size, microbatch_sizes=tuple(args.microbatch_sizes or ()),
+                         schedules=tuple(args.schedules), shardings=tuple(args.sharding),
+                         recomputes=tuple(args.recompute), balances=tuple(args.balance),
+                         measured_costs=not args.estimate_costs)
+    if args.tp and not search.tensor_parallel_sizes(req):
+        raise ValueError(f"no --tp of {args.tp} divides the {args.gpus} GPUs, the {model.heads} heads, the "
+                         f"{model.kv_heads} key/value heads and the MLP width {model.ffn} within a node of "
+                         f"{args.gpus_per_node}; try --tp 1 2 4 8")
+    problem = search.divisibility_problem(req)
+    if problem:
+        raise ValueError(problem)
+    return req
+
+
+def parse_layout(text: str, req: search.Request) -> search.Layout:
+    """A layout from ``key=value`` words (tp, pp, dp, schedule, v, b, m, sharding, recompute,
+    balance); what is left out is taken from the request (dp and m from the GPUs and the batch)."""
+    fields = {}
+    for word in text.replace(",", " ").split():
+        if "=" not in word:
+            raise ValueError(f"--layout: {word!r} is not key=value (e.g. tp=8 pp=4 schedule=1F1B)")
+        k, v = word.split("=", 1)
+        fields[k.strip()] = v.strip()
+    known = {"tp", "pp", "dp", "schedule", "v", "b", "m", "sharding", "recompute", "balance"}
+    unknown = set(fields) - known
+    if unknown:
+        raise ValueError(f"--layout: unknown key {sorted(unknown)[0]!r}; use {', '.join(sorted(known))}")
+    try:
+        tp, pp = int(fields.get("tp", 1)), int(fields.get("pp", 1))
+        b = int(fields.get("b", 1))
+        v = int(fields["v"]) if "v" in fields else None
+    except ValueError as e:
+        raise ValueError(f"--layout: tp, pp, dp, v, b and m are whole numbers ({e})") from None
+    if min(tp, pp, b) < 1 or req.gpus % (tp * pp):
+        raise ValueError(f"--layout: tp {tp} x pp {pp} must divide the {req.gpus} GPUs (and each be at least 1)")
+    dp = int(fields.get("dp", req.gpus // (tp * pp)))
+    if tp * pp * dp != req.gpus:
+        raise ValueError(f"--layout: tp {tp} x pp {pp} x dp {dp} = {tp * pp * dp}, not the {req.gpus} GPUs")
+    if req.global_batch % (dp * b):
+        raise ValueError(f"--layout: the global batch {req.global_batch} does not split into dp {dp} x b {b}")
+    m = int(fields.get("m", req.global_batch // (dp * b)))
+    if dp * b * m != req.global_batch:
+        raise ValueError(f"--layout: dp {dp} x b {b} x m {m} = {dp * b * m}, not the global batch {req.global_batch}")
+    schedule = fields.get("schedule", search.NO_PIPELINE if pp == 1 else "1F1B")
+    if pp == 1:
+        schedule = search.NO_PIPELINE
+    elif schedule not in schedules.TORCH_SCHEDULES:
+        raise ValueError(f"--layout: unknown schedule {schedule!r}; use one of {', '.join(schedules.TORCH_SCHEDULES)}")
+    if v is None:
+        v = 1 if pp == 1 else {"single": 1, "loop": 2, "v": 2}[schedules.placement(schedule)]
+    sharding, recompute = fields.get("sharding", "none"), fields.get("recompute", "none")
+    balance = fields.get("balance", "even")
+    for name, value, allowed in (("sharding", sharding, memory.SHARDING), ("recompute", recompute, memory.RECOMPUTE),
+                                 ("balance", balance, search.BALANCES)):
+        if value not in allowed:
+            raise ValueError(f"--layout: {name}={value!r}; use one of {', '.join(allowed)}")
+    layout = search.Layout(tp, pp, dp, schedule, v, b, m, sharding, recompute, balance)
+    problem = search.constraint_problem(layout, req)
+    if problem:
+        raise ValueError(f"--layout: {problem}")
+    return layout
+
+
+# --- what it prints ------------------------------------------------------------------------------------------
+
+def header(req: search.Request) -> list[str]:
+    m = req.model
+    params = shapes.total_parameters(m)
+    active = shapes.active_parameters(m)
+    measured = req.measured_costs and req.gpu.name == MEASURED_GPU and \
+        search.costs.layer_costs(m, req.gpu, 1, req.seq_len, False).measured
+    lines = [f"model {m.name}: {params / 1e9:.2f}B parameters" + (f" ({active / 1e9:.1f}B active)" if m.moe else "")
+             + f", {m.layers} layers, hidden {m.hidden}",
+             f"{req.gpus} x {req.gpu.name} ({req.gpu.memory_gb:g} GB, {req.gpu.bf16_tflops:g} TFLOP/s bf16), "
+             f"{req.gpus_per_node} per node; links {req.intra.name} / {req.inter.name}",
+             f"batch {req.global_batch} x {req.seq_len} tokens; usable memory {req.usable_bytes / GB:.1f} GB per GPU",
+             "action times: " + ("measured on an H100 (data/gpu/h100_llama3_costs.json)" if measured else
+                                 "estimated from FLOPs at the efficiency the book measured on an H100 "
+                                 "(ppbook.planner.costs), scaled to this GPU's peak")]
+    return lines
+
+
+def table(ranked: list[search.Prediction], top: int) -> list[str]:
+    rows = [f"{'':>3} {'tp':>2} {'pp':>3} {'v':>2} {'dp':>4} {'sharding':>8} {'schedule':>21} {'b':>2} {'m':>5} "
+            f"{'recompute':>9} {'step s':>8} {'tok/s/GPU':>9} {'MFU':>5} {'bubble':>6} {'GB/GPU':>6}"]
+    for i, o in enumerate(ranked[:top], 1):
+        c = o.layout
+        rows.append(f"{i:>3} {c.tp:>2} {c.p:>3} {c.v:>2} {c.dp:>4} {c.sharding:>8} {c.schedule:>21} {c.b:>2} "
+                    f"{c.m:>5} {c.recompute:>9} {o.step_s:>8.2f} {o.tokens_per_s_per_gpu:>9.0f} "
+                    f"{100 * o.mfu:>4.0f}% {100 * o.bubble:>5.1f}% {o.peak_gb:>6.1f}")
+    return rows
+
+
+def breakdown(pred: search.Prediction, req: search.Request) -> list[str]:
+    """Every pipeline rank's memory by kind, in GB (one tensor-parallel group's GPUs hold the same)."""
+    rows = [f"  {'rank':>4} {'stages':>10} {'params':>7} {'grads':>7} {'optim':>7} {'activ':>7} {'logits':>7} "
+            f"{'total':>7} of {req.usable_bytes / GB:.1f} usable"]
+    ranks = pred.memory if len(pred.memory) <= 8 else pred.memory[:4] + pred.memory[-4:]
+    for r in ranks:
+        stages_text = ",".join(map(str, r.stages)) if len(r.stages) <= 3 else f"{r.stages[0]},...,{r.stages[-1]}"
+        rows.append(f"  {r.rank:>4} {stages_text:>10} {r.parameters / GB:>7.1f} {r.gradients / GB:>7.1f} "
+                    f"{r.optimizer / GB:>7.1f} {r.activations / GB:>7.1f} {r.logits / GB:>7.1f} {r.total / GB:>7.1f}")
+    if len(pred.memory) > 8:
+        rows.insert(5, "   ...")
+    return rows
+
+
+def why_winner(ranked: list[search.Prediction]) -> str:
+    """One sentence: the winner, and how much longer the runner-up and the best of another kind take."""
+    if not ranked:
+        return "nothing fits: see the closest layout's memory below"
+    win = ranked[0]
+    parts = [f"{win.layout.label()} is predicted fastest: {win.step_s:.2f} s per step, "
+             f"{win.tokens_per_s_per_gpu:.0f} tokens/s per GPU ({100 * win.mfu:.0f}% MFU), bubble "
+             f"{100 * win.bubble:.1f}%, {win.dp_exposed_s:.2f} s of data-parallel traffic not hidden, "
+             f"{win.peak_gb:.1f} GB on the fullest GPU"]
+    if len(ranked) > 1:
+        r = ranked[1]
+        parts.append(f"the runner-up ({r.layout.label()}) takes {100 * (r.step_s / win.step_s - 1):.1f}% longer")
+    other = next((o for o in ranked[1:] if (o.layout.p == 1) != (win.layout.p == 1)), None)
+    if other is not None:
+        kind = "layout without a pipeline" if other.layout.p == 1 else "pipelined layout"
+        parts.append(f"the best {kind} ({other.layout.label()}) {100 * (other.step_s / win.step_s - 1):.1f}% longer")
+    return "; ".join(parts) + "."
+
+
+def explain(layout: search.Layout, req: search.Request, ranked: list[search.Prediction]) -> list[str]:
+    pred = search.predict(layout, req, check_memory=False)
+    lines = [f"layout {layout.label()}:"]
+    fits = pred.peak_bytes <= req.usable_bytes
+    worst = max(pred.memory, key=lambda r: r.total)
+    if fits:
+        lines.append(f"  fits: {pred.peak_gb:.1f} GB on the fullest GPU (rank {worst.rank})")
+    else:
+        kinds = {k: getattr(worst, k) for k in ("parameters", "gradients", "optimizer", "activations", "logits")}
+        big = max(kinds, key=kinds.get)
+        lines.append(f"  does not fit: rank {worst.rank} needs {worst.total / GB:.1f} GB of {req.usable_bytes / GB:.1f} "
+                     f"usable, most of it {big} ({kinds[big] / GB:.1f} GB)")
+    lines += breakdown(pred, req)
+    lines.append(f"  {pred.step_s:.2f} s per step: pipeline {pred.pipeline_s:.2f} s (bubble {100 * pred.bubble:.1f}%), "
+                 f"data-parallel traffic not hidden {pred.dp_exposed_s:.2f} s, optimizer {pred.optimizer_s:.2f} s")
+    if ranked:
+        win = ranked[0]
+        slower = 100 * (pred.step_s / win.step_s - 1)
+        verdict = "it is the planner's choice" if win.layout == layout else \
+            f"{slower:.1f}% {'slower' if slower >= 0 else 'faster'} than the winner ({win.layout.label()})" + \
+            ("" if fits else ", but it does not fit")
+        lines.append("  " + verdict)
+    return lines
+
+
+def export(pred: search.Prediction, req: search.Request, kind: str) -> str:
+    """The layout as a torchtitan TOML fragment or Megatron-LM command-line arguments."""
+    c = pred.layout
+    if kind == "torchtitan":
+        schedule = {search.NO_PIPELINE: "1F1B"}.get(c.schedule, c.schedule)
+        ac = {"none": "none", "selective": "selective", "full": "full"}[c.recompute]
+        lines = ["[parallelism]", f"tensor_parallel_degree = {c.tp}", f"pipeline_parallel_degree = {c.p}",
+                 f"data_parallel_shard_degree = {c.dp if c.sharding == 'fsdp' else 1}",
+                 f"data_parallel_replicate_degree = {1 if c.sharding == 'fsdp' else c.dp}",
+                 f"pipeline_parallel_schedule = \"{schedule}\"",
+                 f"pipeline_parallel_microbatch_size = {c.b}", "",
+                 "[activation_checkpoint]", f"mode = \"{ac}\""] + (['selective_ac_option = "op"'] if ac == "selective" else []) + \
+                ["", "[training]", f"local_batch_size = {c.b * c.m}", f"global_batch_size = {req.global_batch}",
+                 f"seq_len = {req.seq_len}"]
+        if c.sharding in ("zero1", "zero2"):
+            lines.insert(0, f"# {c.sharding}: torchtitan shards with FSDP; closest: data_parallel_shard_degree = {c.dp}")
+        if c.balance == "ends":
+            lines.append("# balance=ends: give the first and last stages fewer layers "
+                         "(pipeline_parallel_layers_per_stage / module_fqns_per_model_part)")
+        return "\n".join(lines)
+    args = [f"--tensor-model-parallel-size {c.tp}", f"--pipeline-model-parallel-size {c.p}",
+            f"--micro-batch-size {c.b}", f"--global-batch-size {req.global_batch}", f"--seq-length {req.seq_len}"]
+    if c.schedule in ("Interleaved1F1B",) and c.v > 1:
+        per_chunk = max(1, req.model.layers // (c.p * c.v))
+        args.append(f"--num-layers-per-virtual-pipeline-stage {per_chunk}")
+    if c.tp > 1 and req.sequence_parallel:
+        args.append("--sequence-parallel")
+    if c.sharding in ("zero1", "zero2", "fsdp"):
+        args.append("--use-distributed-optimizer" if c.sharding == "zero1" else
+                    f"--use-distributed-optimizer  # {c.sharding}: Megatron-LM shards the optimizer state (ZeRO-1)")
+    if c.recompute == "full":
+        args += ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]
+    elif c.recompute == "selective":
+        args.append("--recompute-granularity selective")
+    if c.schedule in ("GPipe", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"):
+        args.append(f"# schedule {c.schedule}: Megatron-LM runs 1F1B or interleaved 1F1B")
+    return " \\\n  ".join(args)
+
+
+def _drop_summary(dropped: list[search.Prediction], limit: int = 20) -> list[str]:
+    by_reason: dict[str, list[search.Prediction]] = {}
+    for o in dropped:
+        by_reason.setdefault((o.why_not or "").split(":")[0], []).append(o)
+    lines = [f"{len(v)} dropped: {k}" for k, v in sorted(by_reason.items(), key=lambda kv: -len(kv[1]))]
+    lines += [f"  {o.layout.label()}: {o.why_not}" for o in dropped[:limit]]
+    if len(dropped) > limit:
+        lines.append(f"  ... and {len(dropped) - limit} more (--json lists all)")
+    return lines
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    req = request_from(args)
     try:
-        validate(req)
-        if args.top < 1:
-            raise ValueError(f"--top must be at least 1, got {args.top}")
+        req = request_from(args)
+        named = parse_layout(args.layout, req) if args.layout else None
         if args.json and not Path(args.json).resolve().parent.is_dir():
             raise ValueError(f"--json {args.json}: its folder does not exist; create it or pick another path")
     except ValueError as e:
         print(f"ppbook.plan: error: {e}", file=sys.stderr)
         return 2
-    ranked, dropped = plan(req)
-    print(f"{'':>3} {'schedule':>21} {'p':>3} {'v':>2} {'dp':>3} {'state':>9} {'b':>2} {'m':>4} {'recomp':>6} "
-          f"{'step s':>7} {'bubble':>7} {'dp s':>6} {'GB/GPU':>7}")
-    for i, o in enumerate(ranked[:args.top], 1):
-        c = o.candidate
-        print(f"{i:>3} {c.schedule:>21} {c.p:>3} {c.v:>2} {c.dp:>3} {'sharded' if c.shard else 'replica':>9} {c.b:>2} "
-              f"{c.m:>4} {'yes' if c.recompute else 'no':>6} {o.step_s:>7.2f} {100 * o.bubble:>6.1f}% {o.dp_s:>6.2f} "
-              f"{o.memory_gb:>7.1f}")
-    print(f"{len(ranked)} candidates ranked, {len(dropped)} dropped (--why lists them); the rest cannot come "
-          "within 5% of the winner (their busiest GPU's compute alone takes longer)")
+    ranked, dropped = search.plan(req)
+    print("\n".join(header(req)))
+    print("\n".join(table(ranked, args.top)))
+    print(f"{len(ranked)} layouts ranked, {len(dropped)} dropped (--why says why); the others cannot come within "
+          "5% of the winner (their busiest GPU's computation alone takes longer)")
     print(why_winner(ranked))
+    if ranked:
+        print("memory per GPU of the winner, GB:")
+        print("\n".join(breakdown(ranked[0], req)))
+    else:
+        closest = min((o for o in dropped if o.memory), key=lambda o: o.peak_bytes, default=None)
+        if closest is not None:
+            print(f"the closest layout, {closest.layout.label()}, needs {closest.peak_gb:.1f} GB on its fullest GPU "
+                  f"of {req.usable_bytes / GB:.1f} usable; use more GPUs, a larger --tp, recomputation or sharding:")
+            print("\n".join(breakdown(closest, req)))
+    if named is not None:
+        print("\n".join(explain(named, req, ranked)))
+    if args.export and ranked:
+        print(f"the winner as {args.export} configuration:")
+        print(export(ranked[0], req, args.export))
     if args.why:
-        for o in dropped:
-            print(f"dropped {o.candidate.label()}: {o.why_not}")
+        print("\n".join(_drop_summary(dropped)))
     if args.json:
-        Path(args.json).write_text(json.dumps({"request": asdict(req), "ranked": [outcome_json(o) for o in ranked],
-                                               "dropped": [outcome_json(o) for o in dropped],
-                                               "winner_reason": why_winner(ranked)}, indent=1))
+        Path(args.json).write_text(json.dumps({
+            "request": {**asdict(req), "model": shapes.to_json(req.model), "gpu": asdict(req.gpu),
+                        "intra": asdict(req.intra), "inter": asdict(req.inter)},
+            "ranked": [search.prediction_json(o) for o in ranked],
+            "dropped": [search.prediction_json(o) for o in dropped],
+            "winner_reason": why_winner(ranked)}, indent=1, default=float))
     return 0 if ranked else 1
 
 

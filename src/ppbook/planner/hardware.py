@@ -82,6 +82,19 @@ LINKS: dict[str, Link] = {k.name: k for k in [
 INTER_DEFAULT = "ib-ndr400"
 
 
+def fit_link(sizes: list[float], seconds: list[float], name: str = "measured") -> Link:
+    """Least-squares fit of ``seconds = latency + size / bandwidth`` to one-way message times
+    (how the book checks the link model on CPU with gloo: ``make bench-plan``)."""
+    n = len(sizes)
+    if n < 2 or len(seconds) != n or len(set(sizes)) < 2:
+        raise ValueError("fit_link needs one-way times at two or more different message sizes")
+    mx, my = sum(sizes) / n, sum(seconds) / n
+    slope = sum((x - mx) * (y - my) for x, y in zip(sizes, seconds)) / sum((x - mx) ** 2 for x in sizes)
+    if slope <= 0:
+        raise ValueError("message times do not grow with size: cannot fit a bandwidth")
+    return Link(name, max(0.0, my - slope * mx), 1.0 / slope, "fitted to timed ping-pongs")
+
+
 def gpu(name: str) -> GPU:
     if name not in GPUS:
         raise ValueError(f"--gpu {name!r} is not a preset; use one of {', '.join(GPUS)}, or give --gpu-memory, "

@@ -212,12 +212,19 @@ def replicated_values(shape: ModelShape, kernels: str = "fused", recompute: str 
     return 4 * shape.hidden + (shape.hidden if kernels == "unfused" else 0)
 
 
+def values_bytes(values: tuple[float, float], tokens: int, dtype_bytes: int) -> float:
+    """Bytes of ``(values in the activation dtype, values in float32)`` per token for ``tokens``
+    tokens; the float32 ones (statistics, log-sum-exp) are kept in the activations' dtype when it
+    is wider (float64 in the book's exact tests)."""
+    low, fp32 = values
+    return tokens * (low * dtype_bytes + fp32 * max(4, dtype_bytes))
+
+
 def layer_activation_bytes(shape: ModelShape, tokens: int, dtype_bytes: int = 2, kernels: str = "fused",
                            recompute: str = "none", moe_layer: bool = False, seq_len: int = 0) -> float:
     """Bytes one layer saves for ``tokens`` tokens (microbatch size x sequence length; the
     sequence length matters only where attention keeps its scores)."""
-    low, fp32 = layer_activation_values(shape, kernels, recompute, moe_layer, seq_len)
-    return tokens * (low * dtype_bytes + fp32 * 4)
+    return values_bytes(layer_activation_values(shape, kernels, recompute, moe_layer, seq_len), tokens, dtype_bytes)
 
 
 def recompute_transient_bytes(shape: ModelShape, tokens: int, dtype_bytes: int = 2, kernels: str = "fused",
@@ -250,26 +257,30 @@ def stage_activation_bytes(shape: ModelShape, layers: list[int], tokens: int, fi
                            seq_len: int = 0) -> float:
     """Bytes one stage saves for one microbatch between its forward and its backward: its
     ``layers`` (indices into the model, so MoE and dense layers count as they are), on the first
-    stage the token ids the embedding keeps (int64), on the last the final norm's input. Logits
-    are not here: :func:`logits_bytes`."""
+    stage the token ids the embedding keeps (int64), on the last the final norm (outside every
+    block, so kept whatever the recomputation: the book's unfused norm keeps its input, ``x * rsqrt``,
+    its output and ``rsqrt``; a fused one its input and ``rsqrt``). Logits are not here:
+    :func:`logits_bytes`."""
     moe = sum(1 for i in layers if shape.moe and i >= shape.dense_layers)
     total = (len(layers) - moe) * layer_activation_bytes(shape, tokens, dtype_bytes, kernels, recompute, False, seq_len)
     if moe:
         total += moe * layer_activation_bytes(shape, tokens, dtype_bytes, kernels, recompute, True, seq_len)
     if first:
         total += tokens * 8
-    if last and recompute != "full":
-        total += tokens * shape.hidden * dtype_bytes
+    if last:
+        norm = (3 * shape.hidden + 1, 0) if kernels == "book" else (shape.hidden, 1 if shape.norm == "rms" else 2)
+        total += values_bytes(norm, tokens, dtype_bytes)
     return total
 
 
-def block_residual_values(shape: ModelShape) -> float:
-    """Values per token of one book block that torch 2.13 keeps after a microbatch's weight
-    gradient pass ``W``, until ``step`` returns, in the schedules that split the backward (I then
-    W): the input gradient runs with ``retain_graph=True`` and the weight pass frees only what lies
-    on a weight's path, so what only the input gradient needed stays: attention's q, k, v and
-    output and each norm's input (6 h values)."""
-    return 6 * shape.hidden
+def block_residual_values(shape: ModelShape) -> tuple[float, float]:
+    """(values, float32 values) per token of one book block that torch 2.13 keeps after a
+    microbatch's weight-gradient pass ``W``, until ``step`` returns, in the schedules that split
+    the backward (I then W): the input gradient runs with ``retain_graph=True`` and the weight
+    pass frees only what lies on a weight's path, so what only the input gradient needed stays:
+    attention's q, k, v and output, each norm's input and ``rsqrt`` (``6 h + 2``), and attention's
+    log-sum-exp."""
+    return 6 * shape.hidden + 2, shape.heads
 
 
 # --- parameters of a stage ---------------------------------------------------------------------------

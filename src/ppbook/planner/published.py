@@ -53,7 +53,7 @@ def request(row: dict, data: dict, constrained: bool = True) -> search.Request:
     return replace(req, schedules=tuple(fw["schedules"]), shardings=tuple(fw["shardings"]), kernels=fw["kernels"],
                    sequence_parallel=fw["sequence_parallel"],
                    balances=(c["balance"],) if "balance" in c else tuple(fw["balances"]),
-                   recomputes=(c["recompute"],) if "recompute" in c else search.memory.RECOMPUTE,
+                   recomputes=(c["recompute"],) if "recompute" in c else tuple(fw.get("recomputes", search.memory.RECOMPUTE)),
                    microbatch_sizes=(c["microbatch"],) if "microbatch" in c else ())
 
 
@@ -116,7 +116,9 @@ class Comparison:
         return "preset" in self.row["gpu"]
 
 
-def compare(row: dict, data: dict | None = None) -> Comparison:
+def compare(row: dict, data: dict | None = None, unconstrained: bool = False) -> Comparison:
+    """The run asked again (see the module docstring); with ``unconstrained``, also what the
+    planner would choose with every option (slower: a much larger search)."""
     data = data or load()
     req = request(row, data)
     best = None
@@ -130,6 +132,6 @@ def compare(row: dict, data: dict | None = None) -> Comparison:
     if best is None:
         raise ValueError(f"{row['id']}: no layout matches the published one; check runs.json")
     ranked, _ = search.plan(req)
-    free, _ = search.plan(request(row, data, constrained=False))
+    free = search.plan(request(row, data, constrained=False))[0] if unconstrained else []
     return Comparison(row, best, ranked[0] if ranked else None, free[0] if free else None,
                       published_tokens_per_s(row))

@@ -65,7 +65,8 @@ def stages_per_rank(name: str, v: int = 2) -> int:
 
 
 def stage_to_rank(name: str, p: int, v: int = 2) -> dict[int, int]:
-    """Which rank holds each stage: torch's ``generate_stage_to_rank_mapping`` (loop or v style)."""
+    """Which rank holds each stage: torch's
+    ``generate_stage_to_rank_mapping`` (loop or v style)."""
     n = p * stages_per_rank(name, v)
     if placement(name) == "v":
         return {s: s if s < p else 2 * p - 1 - s for s in range(n)}

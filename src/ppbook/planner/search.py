@@ -408,7 +408,7 @@ def _tables(req: Request, num_stages: int, balance: str, b: int, recompute: str,
     for s, owned in enumerate(layers):
         per_mb.append(memory.stage_activation_bytes(shape, owned, tokens, s == 0, s == n - 1, dt, req.kernels,
                                                     recompute, req.seq_len) / tp + len(owned) * whole)
-        residual.append(len(owned) * memory.block_residual_values(shape) * tokens * dt / tp)
+        residual.append(len(owned) * memory.values_bytes(memory.block_residual_values(shape), tokens, dt) / tp)
         total = memory.stage_parameters(shape, owned, s == 0, s == n - 1) / tp
         params.append(total)
         block_params.append(memory.stage_parameters(shape, owned, False, False) / tp)
