@@ -292,3 +292,22 @@ def test_cli_runs_as_a_reader_runs_it(tmp_path):
     data = json.loads(out.read_text())
     assert data["ranked"][0]["step_s"] <= data["ranked"][-1]["step_s"] and data["winner_reason"] in r.stdout
     assert all(math.isfinite(row["peak_gb"]) for row in data["ranked"])
+
+
+@pytest.mark.parametrize("p", [2, 4, 8])
+def test_every_schedule_fills_the_pipeline_before_rank_0_runs_a_backward(p):
+    """The planner's memory floor (search.memory_floor): rank 0 holds at least min(m, p)
+    stage-microbatches at its peak, under every schedule, so a layout whose state plus that many
+    microbatches does not fit is dropped without building its order."""
+    from ppbook.planner.simulate import peak_in_flight
+
+    for name in schedules.TORCH_SCHEDULES:
+        for m in (1, p - 1, p, 2 * p, 3 * p):
+            for v in ((2, 3) if schedules.placement(name) == "loop" else (2,)):
+                if m >= 1 and schedules.schedule_problem(name, p, m, v) is None:
+                    held = peak_in_flight(schedules.order(name, p, m, v), by="rank")[0]
+                    assert held >= min(m, p), (name, p, m, v)
+    req = CASES["70b"]
+    for layout in [search.Layout(8, 8, 1, "1F1B", 1, 1, 1024, "none", "none"),
+                   search.Layout(8, 2, 4, "ZBVZeroBubble", 2, 1, 256, "fsdp", "full")]:
+        assert search.memory_floor(layout, req) <= max(r.total for r in search.rank_memory(layout, req))

@@ -25,6 +25,7 @@ of the score matrix):
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,6 +113,7 @@ def _same_block(a: ModelShape, b: ModelShape) -> bool:
     return all(getattr(a, k) == getattr(b, k) for k in keys)
 
 
+@functools.lru_cache(maxsize=4096)
 def layer_costs(shape: ModelShape, gpu: GPU, b: int, seq_len: int, moe_layer: bool = False,
                 measured_ok: bool = True) -> PassCosts:
     """Seconds of one layer's F, I and W for a microbatch of ``b`` sequences."""
@@ -124,6 +126,7 @@ def layer_costs(shape: ModelShape, gpu: GPU, b: int, seq_len: int, moe_layer: bo
     return PassCosts(*(flops[k] / (peak * efficiency(k, shape.hidden)) for k in ("F", "I", "W")), measured=False)
 
 
+@functools.lru_cache(maxsize=4096)
 def head_costs(shape: ModelShape, gpu: GPU, b: int, seq_len: int, measured_ok: bool = True) -> PassCosts:
     """Seconds of the output head and its loss for a microbatch of ``b`` sequences."""
     if measured_ok and gpu.name == MEASURED_GPU:

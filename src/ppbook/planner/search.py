@@ -323,9 +323,17 @@ def _in_flight(name: str, p: int, m: int, v: int) -> tuple[tuple[int, ...], ...]
 
 # --- prediction -----------------------------------------------------------------------------------------
 
-def _stage_costs(layout: Layout, req: Request, layers: list[list[int]]) -> tuple[dict, bool]:
+def _stage_costs(layout: Layout, req: Request, layers: list[list[int]] | None = None) -> tuple[dict, bool]:
     """Seconds of each (stage, kind) for one microbatch, and whether any came from FLOPs."""
-    shape, tp = req.model, layout.tp
+    return _stage_costs_cached(req, layout.tp, layout.num_stages, layout.balance, layout.b, layout.recompute)
+
+
+@functools.lru_cache(maxsize=16384)
+def _stage_costs_cached(req: Request, tp: int, num_stages: int, balance: str, b: int, recompute: str) -> tuple[dict, bool]:
+    shape = req.model
+    first, last = end_weights(req) if balance == "ends" else (0, 0)
+    layers = _stage_layers_cached(shape.layers, num_stages, first, last)
+    layout = Layout(tp, 1, 1, NO_PIPELINE, 1, b, 1, "none", recompute, balance)
     dense = costs.layer_costs(shape, req.gpu, layout.b, req.seq_len, False, req.measured_costs)
     moe = costs.layer_costs(shape, req.gpu, layout.b, req.seq_len, True, req.measured_costs) if shape.moe else dense
     head = costs.head_costs(shape, req.gpu, layout.b, req.seq_len, req.measured_costs)
@@ -452,6 +460,25 @@ def _rank_activations(req: Request, schedule: str, p: int, m: int, v: int, b: in
     return tuple(out)
 
 
+def memory_floor(layout: Layout, req: Request) -> float:
+    """A lower bound of rank 0's peak, from sizes alone: its training state, plus min(m, p) of its
+    stages' microbatches (every one of torch's seven schedules runs that many forwards on rank 0
+    before its first backward: tests/test_plan.py checks it), plus one layer's recomputation."""
+    t = _tables(req, layout.num_stages, layout.balance, layout.b, layout.recompute, layout.tp)
+    stages = _owned(layout, 0)
+    params = sum(t.params[s] for s in stages)
+    gathered = unsharded = 0.0
+    if layout.sharding == "fsdp":
+        blocks, in_blocks = sum(t.blocks[s] for s in stages), sum(t.block_params[s] for s in stages)
+        gathered, unsharded = memory.fsdp_gathered(in_blocks / blocks, params - in_blocks, blocks,
+                                                   pipelined=layout.p > 1)
+    state = memory.state_bytes(params, memory.RECIPES[req.recipe], layout.sharding, layout.dp, gathered, unsharded)
+    tokens = layout.b * req.seq_len
+    transient = memory.recompute_transient_bytes(req.model, tokens, memory.RECIPES[req.recipe].activation_bytes,
+                                                 req.kernels, layout.recompute, req.seq_len) / layout.tp
+    return state.total + min(layout.m, layout.p) * min(t.per_mb[s] for s in stages) + transient
+
+
 def rank_memory(layout: Layout, req: Request, layers: list[list[int]] | None = None) -> list[RankMemory]:
     """Every pipeline rank's peak memory, by kind (the GPUs of one rank's tensor-parallel group
     hold the same)."""
@@ -514,6 +541,7 @@ def _dp_exposed(layout: Layout, req: Request, params: float, busy: float, last_b
     return ag + rs, max(0.0, ag - busy) + rs
 
 
+@functools.lru_cache(maxsize=256)
 def model_flops_per_token(shape: ModelShape, seq_len: int) -> float:
     """Training FLOPs per token: 6 per parameter a token uses in matrix products, plus causal
     attention's score and value products, three times their forward (the convention of MFU)."""
@@ -620,6 +648,13 @@ def plan(req: Request, keep_all: bool = False, slack: float = 0.05) -> tuple[lis
     for bound, layout in valid:
         if not keep_all and bound > best * (1 + slack):
             break
+        floor = memory_floor(layout, req)
+        if floor > req.usable_bytes:  # cannot fit, whatever its order holds: no order needed
+            dropped.append(Prediction(layout, why_not=(
+                f"does not fit: rank 0's state and the {min(layout.m, layout.p)} microbatches every schedule "
+                f"holds there before its first backward need {floor / memory.GB:.1f} GB of the "
+                f"{req.usable_bytes / memory.GB:.1f} GB usable")))
+            continue
         mem = rank_memory(layout, req)
         if max(r.total for r in mem) > req.usable_bytes:
             dropped.append(predict(layout, req, mem=mem))  # the reason, from the memory alone

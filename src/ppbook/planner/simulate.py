@@ -63,12 +63,12 @@ def compile_order(order: Order) -> Compiled:
         slices.append((r, len(actions), len(actions) + len(acts)))
         actions += acts
         ranks += [r] * len(acts)
-    index = {a: i for i, a in enumerate(actions)}
+    index = {(a.stage, a.kind, a.microbatch): i for i, a in enumerate(actions)}
     num_stages = 1 + max(a.stage for a in actions)
-    present = set(index)
+    has = index.__contains__
     dep, remote = [], []
     for i, a in enumerate(actions):
-        d = _dependency(a, num_stages, present)
+        d = waits_on(a.stage, a.kind, a.microbatch, num_stages, has)
         j = -1 if d is None else index[d]
         dep.append(j)
         remote.append(j >= 0 and ranks[j] != ranks[i])
