@@ -535,9 +535,8 @@ def _dp_exposed(layout: Layout, req: Request, params: float, busy: float, last_b
     if layout.p == 1:  # FSDP alone: gathered for forward and backward, reduced, every microbatch
         total = layout.m * (2 * link.gather(weights, n) + link.gather(grads, n))
         return total, max(0.0, total - busy)
-    kinds = [a.kind for a in _order(layout.schedule, layout.p, min(layout.m, 3 * layout.p), layout.v)[0]]
-    gathers = traffic.fsdp_gathers(kinds, reshard_after_forward=False)
-    ag, rs = gathers * link.gather(weights, n), link.gather(grads, n)
+    # torchtitan keeps blocks gathered under a pipeline: one all-gather per step (traffic.fsdp_gathers)
+    ag, rs = link.gather(weights, n), link.gather(grads, n)
     return ag + rs, max(0.0, ag - busy) + rs
 
 
@@ -577,10 +576,10 @@ def predict(layout: Layout, req: Request, check_memory: bool = True, mem: list[R
     end = {r: _extrapolate([(m, run_[0][r]) for m, run_ in zip(ms, runs)], layout.m) for r in range(layout.p)}
     busy = {r: _extrapolate([(m, run_[1][r]) for m, run_ in zip(ms, runs)], layout.m) for r in range(layout.p)}
     step, exposed_worst, traffic_worst = 0.0, 0.0, 0.0
-    n = layout.num_stages
+    t = _tables(req, layout.num_stages, layout.balance, layout.b, layout.recompute, layout.tp)
     for r in range(layout.p):
         stages = _owned(layout, r)
-        params = sum(memory.stage_parameters(req.model, layers[s], s == 0, s == n - 1) for s in stages) / layout.tp
+        params = sum(t.params[s] for s in stages)
         # the rank's last backward passes (one per stage it holds) and its first forward
         last_backward = sum(stage_cost[(s, "B")] for s in stages)
         first_forward = stage_cost[(stages[0], "F")]
