@@ -159,7 +159,7 @@ def request_from(args: argparse.Namespace) -> search.Request:
         raise ValueError(f"no --tp of {args.tp} divides the {args.gpus} GPUs, the {model.heads} heads, the "
                          f"{model.kv_heads} key/value heads and the MLP width {model.ffn} within a node of "
                          f"{args.gpus_per_node}; try --tp 1 2 4 8")
-    problem = search.divisibility_problem(req)
+    problem = search.request_problem(req)
     if problem:
         raise ValueError(problem)
     return req
@@ -302,6 +302,14 @@ def explain(layout: search.Layout, req: search.Request, ranked: list[search.Pred
     return lines
 
 
+def layout_json(layout: search.Layout, req: search.Request) -> dict:
+    """The explained layout for --json: its prediction, memory per rank and the timeline of one
+    step (what the planner page draws for it)."""
+    events = search.timeline(layout, req)
+    return {**search.prediction_json(search.predict(layout, req, check_memory=False)),
+            "timeline": [[e.rank, e.stage, e.kind, e.microbatch, e.start, e.end] for e in events]}
+
+
 def export(pred: search.Prediction, req: search.Request, kind: str) -> str:
     """The layout as a torchtitan TOML fragment or Megatron-LM command-line arguments."""
     c = pred.layout
@@ -390,7 +398,8 @@ def main(argv=None) -> int:
                         "intra": asdict(req.intra), "inter": asdict(req.inter)},
             "ranked": [search.prediction_json(o) for o in ranked],
             "dropped": [search.prediction_json(o) for o in dropped],
-            "winner_reason": why_winner(ranked)}, indent=1, default=float))
+            "winner_reason": why_winner(ranked),
+            **({"layout": layout_json(named, req)} if named is not None else {})}, indent=1, default=float))
     return 0 if ranked else 1
 
 

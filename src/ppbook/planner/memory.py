@@ -162,6 +162,16 @@ def attention_widths(shape: ModelShape) -> tuple[int, int, int, int]:
 
 
 @functools.lru_cache(maxsize=1024)
+def kernels_problem(shape: ModelShape, kernels: str) -> str | None:
+    """Why the activation accounting ``kernels`` cannot count ``shape``'s blocks; ``None`` if it can."""
+    if kernels not in KERNELS:
+        return f"unknown kernels {kernels!r}; use one of {', '.join(KERNELS)}"
+    if kernels == "book" and (shape.mlp != "swiglu" or shape.norm != "rms" or shape.mla):
+        return (f"{shape.name}: kernels 'book' counts the book's own Llama block, tensor by tensor, and this model's "
+                "blocks are not Llama-style; use kernels 'fused' or 'unfused'")
+    return None
+
+
 def layer_activation_values(shape: ModelShape, kernels: str = "fused", recompute: str = "none",
                             moe_layer: bool = False, seq_len: int = 0) -> tuple[float, float]:
     """(values in the activation dtype, values in float32) one layer saves per token for its
@@ -190,8 +200,9 @@ def layer_activation_values(shape: ModelShape, kernels: str = "fused", recompute
     mlp = routed * _mlp_values(shape, width, kernels) + router + dispatched
     if kernels == "book":
         # the book's LlamaBlock, tensor by tensor (its keys and values repeated to every head)
-        if shape.mlp != "swiglu" or shape.norm != "rms" or shape.mla:
-            raise ValueError(f"{shape.name}: the book's block accounting is for Llama-style blocks; use 'fused'")
+        problem = kernels_problem(shape, kernels)
+        if problem:
+            raise ValueError(problem)
         return 11 * h + mlp + 2, lse
     # block input, first norm's output, q, k, v, attention output, second norm's input and output
     fused = 4 * h + q + k + v + out + mlp

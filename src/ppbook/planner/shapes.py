@@ -219,36 +219,43 @@ def from_hf_config(config: dict, name: str = "config.json") -> ModelShape:
         raise ValueError(f"{name}: no {' or '.join(repr(k) for k in keys)} (model_type {kind!r}); "
                          "give a Hugging Face config.json of a decoder-only transformer")
 
-    hidden = int(get("hidden_size", "n_embd", "n_embed", "d_model"))
-    layers = int(get("num_hidden_layers", "n_layer", "num_layers"))
-    heads = int(get("num_attention_heads", "n_head", "num_heads"))
-    kv = int(get("num_key_value_heads", "multi_query_group_num", default=heads))
-    vocab = int(get("vocab_size", "padded_vocab_size"))
+    def whole(*keys, default=None) -> int:
+        value = get(*keys, default=default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (isinstance(value, float) and not value.is_integer()):
+            found = next((k for k in keys if c.get(k) is not None), keys[0])
+            raise ValueError(f"{name}: {found!r} must be a whole number, got {json.dumps(value)}")
+        return int(value)
+
+    hidden = whole("hidden_size", "n_embd", "n_embed", "d_model")
+    layers = whole("num_hidden_layers", "n_layer", "num_layers")
+    heads = whole("num_attention_heads", "n_head", "num_heads")
+    kv = whole("num_key_value_heads", "multi_query_group_num", default=heads)
+    vocab = whole("vocab_size", "padded_vocab_size")
     tied = bool(get("tie_word_embeddings", default=kind in ("gpt2", "bloom", "opt")))
     if kind in ("gpt2", "gpt_neox", "bloom", "opt", "gpt_bigcode"):
-        ffn = int(get("ffn_dim", "intermediate_size", "n_inner", default=4 * hidden) or 4 * hidden)
+        ffn = whole("ffn_dim", "intermediate_size", "n_inner", default=4 * hidden) or 4 * hidden
         position = {"bloom": "alibi", "gpt_neox": "rope"}.get(kind, "learned")
-        max_pos = int(get("n_positions", "max_position_embeddings", default=2048)) + (2 if kind == "opt" else 0)
-        return ModelShape(name, vocab, hidden, layers, heads, kv, ffn, tied=tied, mlp="gelu", norm="layer", bias=True,
-                          position=position, max_positions=max_pos if position == "learned" else 0,
-                          embed_norm=kind == "bloom")
-    ffn = int(get("intermediate_size", "ffn_hidden_size"))
+        max_pos = whole("n_positions", "max_position_embeddings", default=2048) + (2 if kind == "opt" else 0)
+        return validate(ModelShape(name, vocab, hidden, layers, heads, kv, ffn, tied=tied, mlp="gelu", norm="layer",
+                                   bias=True, position=position, max_positions=max_pos if position == "learned" else 0,
+                                   embed_norm=kind == "bloom"))
+    ffn = whole("intermediate_size", "ffn_hidden_size")
     shape = ModelShape(name, vocab, hidden, layers, heads, kv, ffn, tied=tied,
                        head_dim=int(c.get("head_dim") or 0) if c.get("head_dim") not in (None, hidden // heads) else 0,
                        qkv_bias=bool(c.get("attention_bias") or kind.startswith("qwen2")),
                        bias=bool(c.get("mlp_bias", False)))
-    experts = int(get("num_local_experts", "n_routed_experts", "num_experts", default=0) or 0)
+    experts = whole("num_local_experts", "n_routed_experts", "num_experts", default=0)
     if experts:
-        shape = replace(shape, experts=experts, top_k=int(get("num_experts_per_tok", "moe_topk")),
-                        expert_ffn=int(get("moe_intermediate_size", default=ffn)),
-                        shared_experts=int(get("n_shared_experts", default=0) or 0),
-                        dense_layers=int(get("first_k_dense_replace", default=0) or 0),
+        shape = replace(shape, experts=experts, top_k=whole("num_experts_per_tok", "moe_topk"),
+                        expert_ffn=whole("moe_intermediate_size", default=ffn),
+                        shared_experts=whole("n_shared_experts", default=0),
+                        dense_layers=whole("first_k_dense_replace", default=0),
                         router_bias=kind == "deepseek_v3")
     if c.get("kv_lora_rank"):
-        shape = replace(shape, q_lora_rank=int(c.get("q_lora_rank") or 0), kv_lora_rank=int(c["kv_lora_rank"]),
-                        qk_rope_dim=int(get("qk_rope_head_dim")), qk_nope_dim=int(get("qk_nope_head_dim")),
-                        v_head_dim=int(get("v_head_dim")))
-    return shape
+        shape = replace(shape, q_lora_rank=whole("q_lora_rank", default=0), kv_lora_rank=whole("kv_lora_rank"),
+                        qk_rope_dim=whole("qk_rope_head_dim"), qk_nope_dim=whole("qk_nope_head_dim"),
+                        v_head_dim=whole("v_head_dim"))
+    return validate(shape)
 
 
 def load(name_or_path: str) -> ModelShape:
@@ -265,7 +272,7 @@ def load(name_or_path: str) -> ModelShape:
             config = json.loads(path.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ValueError(f"--model {name_or_path}: not a JSON file ({e})") from None
-        return validate(from_hf_config(config, path.name))
+        return from_hf_config(config, path.name)
     raise ValueError(f"--model {name_or_path!r} is neither a preset ({', '.join(PRESETS)}) nor a config.json path")
 
 
