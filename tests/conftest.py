@@ -185,6 +185,21 @@ def pytest_terminal_summary(terminalreporter, config):
 
 
 @pytest.fixture(scope="session")
+def chromium():
+    """Headless Chromium (Debian's, driven by playwright with make_pdf's flags), once per
+    session: the site's browser tests and the planner page's equality test share it."""
+    exe = make_pdf.chromium_path()
+    if exe is None:
+        missing_tool("chromium", "run tools/ensure_chromium.sh or set PPBOOK_CHROMIUM")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=exe, args=make_pdf.FLAGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture(scope="session")
 def built_book(request) -> Path:
     """The whole book built once per session from an EMPTY execution cache, under -W -n
     (``build.log`` beside ``_build``).

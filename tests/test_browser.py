@@ -5,16 +5,20 @@ from __future__ import annotations
 
 import functools
 import http.server
+import json
 import re
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, missing_tool
-# Debian's chromium and the flags it runs with: one definition, shared with `make pdf` (tools/,
+from conftest import ROOT
+# the local server make_pdf uses, and its wait for a page to settle (tools/,
 # on the path from conftest)
-from make_pdf import FLAGS, SETTLE_MS, Quiet, chromium_path, settle
+import planner_page
+from make_pdf import SETTLE_MS, Quiet, settle
 
 pytestmark = pytest.mark.book
 
@@ -26,19 +30,11 @@ HARMLESS = (
 
 
 @pytest.fixture(scope="module")
-def site(built_book):
-    exe = chromium_path()
-    if exe is None:
-        missing_tool("chromium", "run tools/ensure_chromium.sh or set PPBOOK_CHROMIUM")
-    from playwright.sync_api import sync_playwright
-
+def site(built_book, chromium):
     handler = functools.partial(Quiet, directory=str(built_book))
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=exe, args=FLAGS)
-        yield browser, f"http://127.0.0.1:{httpd.server_address[1]}", built_book
-        browser.close()
+    yield chromium, f"http://127.0.0.1:{httpd.server_address[1]}", built_book
     httpd.shutdown()
 
 
@@ -143,24 +139,92 @@ def test_code_is_highlighted_and_math_typeset(site):
     page.close()
 
 
-def test_schedule_explorer_redraws_when_a_control_moves(site):
-    """The explorer works offline, with no kernel: moving a control redraws the chart from the
-    precomputed simulations (and nothing is fetched beyond the page's own files)."""
+def plan_cli(tmp_path, *args: str) -> dict:
+    """``python -m ppbook.plan ... --json`` as a reader runs it (a subprocess), its JSON back."""
+    out = tmp_path / f"plan{len(list(tmp_path.iterdir()))}.json"
+    subprocess.run([sys.executable, "-m", "ppbook.plan", *args, "--json", str(out)], check=True, capture_output=True,
+                   timeout=300)
+    return json.loads(out.read_text())
+
+
+def layout_words(layout: dict) -> str:
+    """A layout (the page's fields) in the words of the CLI's --layout."""
+    return " ".join(f"{k}={layout[f]}" for k, f in (("tp", "tp"), ("pp", "p"), ("dp", "dp"), ("schedule", "schedule"),
+                                                     ("v", "v"), ("b", "b"), ("m", "m"), ("sharding", "sharding"),
+                                                     ("recompute", "recompute"), ("balance", "balance")))
+
+
+def assert_same_plan(page, cli: dict) -> None:
+    rows = planner_page.table(page)
+    assert [r["label"] for r in rows] == [o["label"] for o in cli["ranked"][:len(rows)]] and len(rows) >= 2
+    for r, o in zip(rows, cli["ranked"]):
+        assert r["step_s"] == pytest.approx(o["step_s"], rel=1e-9)
+        assert r["peak_bytes"] == pytest.approx(o["peak_gb"] * 1e9, rel=1e-9)
+        assert r["bubble"] == pytest.approx(o["bubble"], rel=1e-9, abs=1e-12)
+
+
+def assert_same_layout(shown: dict, cli: dict) -> None:
+    """The selected layout as drawn is the CLI's --layout: memory per rank, step time, timeline."""
+    explained = cli["layout"]
+    assert shown["label"] == explained["label"]
+    assert shown["step_s"] == pytest.approx(explained["step_s"], rel=1e-9)
+    assert shown["totals"] == pytest.approx([r["total"] for r in explained["memory"]], rel=1e-9)
+    assert shown["actions"] == len(explained["timeline"]) == shown["rects"]
+    assert shown["span"] == pytest.approx(max(e[5] for e in explained["timeline"]), rel=1e-9)
+    assert (shown["handoffs"] > 0) == (shown["layout"]["p"] > 1)  # grey lines between ranks
+
+
+def test_the_planner_page_answers_as_the_command_line(site, tmp_path):
+    """A reader's session on the planner page of the built site: a preset, then a pasted
+    config.json, then a changed control. Each time the table, the memory bars and the timeline
+    agree with `python -m ppbook.plan` on the same request, and the drawing changes with them."""
     page, errors, missing = visit(site, "book/explorer.html")
+    common = ["--gpu", "h100-sxm", "--gpus-per-node", "8", "--seq-len", "4096"]
 
-    def drawing():
-        return (page.inner_text("#ppx-stats"), page.eval_on_selector("#ppx-chart", "e => e.innerHTML"))
+    planner_page.request(page, model="llama3-8b", gpus=16, global_batch=64)
+    first = planner_page.selected(page)
+    preset = ["--model", "llama3-8b", "--gpus", "16", "--global-batch", "64", *common]
+    cli = plan_cli(tmp_path, *preset, "--layout", layout_words(first["layout"]))
+    assert_same_plan(page, cli)
+    assert first["label"] == cli["ranked"][0]["label"]  # the winner is selected...
+    assert_same_layout(first, cli)                       # ...and drawn as the CLI explains it
+    assert first["bars"] >= 3 * len(first["totals"])     # parameters, gradients, optimizer at least, per rank
 
-    stats, svg = drawing()
-    assert "step time" in stats and "bubble" in stats and "peak microbatches" in stats
-    assert page.locator("#ppx-chart svg rect").count() >= 2 * 8 * 2  # p = 2, m = 8: F and B each
-    page.select_option("#ppx-schedule", "ZBVZeroBubble")
-    zbv = drawing()
-    assert zbv != (stats, svg)
-    assert page.locator("#ppx-chart svg rect").count() == 3 * 2 * 2 * 8  # F, I, W on 2 stages per rank
-    page.focus("#ppx-p")
-    page.keyboard.press("ArrowRight")  # a reader moving the slider: p = 2 -> 3
-    assert drawing() != zbv
-    assert page.eval_on_selector("#ppx-chart", "e => e.dataset.key").startswith("ZBVZeroBubble|3|8|")
+    config = ROOT / "data" / "configs" / "qwen2.5-7b.json"
+    planner_page.request(page, config=config.read_text(), gpus=32, global_batch=128)
+    pasted = planner_page.selected(page)
+    args = ["--model", str(config), "--gpus", "32", "--global-batch", "128", *common]
+    assert_same_plan(page, plan_cli(tmp_path, *args))
+    assert pasted["label"] != first["label"]
+
+    p = 4 if pasted["layout"]["p"] != 4 else 2  # a reader changes the pipeline's depth
+    planner_page.choose(page, "p", p)
+    changed = planner_page.selected(page)
+    assert changed["layout"]["p"] == p
+    assert changed["totals"] != pasted["totals"] and changed["span"] != pasted["span"]
+    assert_same_layout(changed, plan_cli(tmp_path, *args, "--layout", layout_words(changed["layout"])))
+
+    page.fill("#ppx-gpus", "12")  # a bad request: one line saying what is wrong, and no table
+    page.wait_for_function("() => document.getElementById('ppx-error').textContent.length > 0",
+                           timeout=planner_page.WAIT_MS)
+    assert "not a whole number of nodes" in page.inner_text("#ppx-error")
+    assert page.locator("#ppx-table tr").count() == 0
     assert not real_missing(missing) and not real_errors(errors), (missing, errors)
+    page.close()
+
+
+def test_the_planner_page_works_from_file_urls(built_book, chromium):
+    """Opened from disk, as a reader who built the book opens it: the page plans with no server."""
+    page = chromium.new_page()
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto((built_book / "book" / "explorer.html").as_uri())
+    page.wait_for_function("() => document.getElementById('ppx').dataset.plans === '1'", timeout=planner_page.WAIT_MS)
+    assert len(planner_page.table(page)) >= 2 and planner_page.selected(page)["actions"] > 0
+    page.check("#ppx-mode-teach")  # chapter 5's view: abstract costs
+    page.select_option("#ppx-t-schedule", "ZBVZeroBubble")
+    assert page.eval_on_selector("#ppx-t-chart", "e => e.dataset.key").startswith("ZBVZeroBubble|4|8|2|")
+    assert page.locator("#ppx-t-chart svg rect").count() == 3 * 2 * 4 * 8  # F, I, W on 2 stages per rank
+    assert "bubble" in page.inner_text("#ppx-t-stats")
+    assert not errors, errors
     page.close()

@@ -31,6 +31,8 @@ ALLOWED: list[tuple[str, str, str]] = [
      "introduces a table; the glued number is how many steps it shows"),
     ("07_checkpointing.md", "Saves took at most", "the glued value is the maximum itself"),
     ("09_scaling_out.md", "Executing this page took", "reports this build's page time"),
+    ("explorer.md", "The planner predicts layouts in the order of a lower bound",
+     "states the planner's stopping rule; the glued number is its parameter"),
     ("a2_myths.md", "All of it is checked with torch", "names the torch version"),
     ("a3_troubleshooting.md", "The messages below are those of torch", "names the torch version"),
     ("a3_troubleshooting.md", "here {glue:text}`hang_timeout` s", "the glued number is a flag value"),

@@ -1,58 +1,261 @@
-"""The schedule explorer's data: every combination of the grid, computed by the package's own
-simulator on torch's orders (the page's script only draws it; tests/test_browser.py drives it)."""
+"""The planner page computes what the Python computes.
+
+``planner/planner.js`` is a port of the torch-free planner (:mod:`ppbook.planner`); the page
+(``book/explorer.md``) runs it in the reader's browser. Here it runs in headless Chromium, on the
+data the page embeds, and must give the Python's answers on a grid: every schedule's order and
+refusal (1,053 combinations), the teaching view's simulations (453), Hugging Face configs read
+(and refused) the same way, 40 whole plans (ranking, memory, time, every dropped layout's
+reason) and 320 single layouts (memory per rank, step time and its parts, the timeline of one
+step). Floats agree to a relative 1e-9 (the two languages add in the same order; what is left is
+the last bits of ``Math.pow`` and friends).
+"""
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
 import re
+from dataclasses import asdict, replace
 
 import pytest
 
-from ppbook import bubble, explorer, simulate, stages
+from helpers.hf_configs import HF_CONFIGS
+from ppbook import explorer
+from ppbook.planner import hardware as H
+from ppbook.planner import schedules as S
+from ppbook.planner import search, shapes
+from ppbook.planner.simulate import peak_in_flight, simulate
+
+REL = 1e-9
+
+ORDER_GRID = [(name, p, m, v) for name in S.TORCH_SCHEDULES for p in (1, 2, 3, 4, 5, 8)
+              for m in range(1, 3 * p + 3) for v in ((2, 3, 4) if S.placement(name) == "loop" else (2,))]
+TEACH_GRID = [(name, p, m, v, f, i, w) for name in S.TORCH_SCHEDULES for p in (2, 3, 4, 6) for m in (4, 8, 12, 16)
+              for v in ((2, 3) if S.placement(name) == "loop" else (2,))
+              for f, i, w in ((1, 1, 1), (2, 1, 0.5), (1.5, 2, 0.5))]
+TEACH_GRID = [g for g in TEACH_GRID if S.schedule_problem(*g[:4]) is None]
 
 
 @pytest.fixture(scope="module")
-def data():
-    return explorer.grid()
+def js(chromium):
+    """A blank page with the port and the page's data loaded; ``js(function, arg)`` calls a
+    JavaScript function on ``arg`` there and returns its result."""
+    page = chromium.new_page()
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.set_content("<!doctype html><title>planner</title>")
+    page.add_script_tag(content=explorer.script("planner.js"))
+    page.evaluate("data => PPPlanner.load(data)", explorer.planner_data())
+
+    def evaluate(function: str, arg=None):
+        # JSON text both ways: playwright's own serialization of nested arrays takes seconds
+        out = page.evaluate(f"text => JSON.stringify(({function})(JSON.parse(text)))", json.dumps(arg))
+        assert not errors, errors
+        return json.loads(out)
+
+    yield evaluate
+    page.close()
 
 
-def test_every_combination_has_an_entry_or_a_reason(data):
-    for name, p, m, v, f, i, w in __import__("itertools").product(*explorer.GRID.values()):
-        order = data["orders"][explorer.order_key(name, p, m, v)]
-        if "error" in order:
-            assert stages.schedule_problem(name, p, m, v) or "microbatches" in order["error"]
+def close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=REL, abs_tol=1e-12) or (math.isinf(a) and a == b)
+
+
+def request_json(req: search.Request) -> dict:
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(req).items()}
+
+
+# --- schedules and the teaching view ---------------------------------------------------------------------
+
+def test_every_order_and_refusal_is_the_pythons(js):
+    got = js("""grid => grid.map(([name, p, m, v]) => {
+        try { const o = PPPlanner.order(name, p, m, v);
+              return Object.keys(o).map(r => o[r].map(a => [a.stage, a.kind, a.microbatch])); }
+        catch (e) { return e.message; } })""", ORDER_GRID)
+    refused = 0
+    for (name, p, m, v), answer in zip(ORDER_GRID, got):
+        problem = S.schedule_problem(name, p, m, v)
+        if problem is not None:
+            refused += 1
+            assert answer == problem, (name, p, m, v)
             continue
-        entry = data["entries"][explorer.key(name, p, m, v, f, i, w)]
-        assert len(entry["start"]) == len(order["actions"])
-        assert 0 <= entry["bubble"] < 1 and entry["step"] > 0
+        order = S.order(name, p, m, v)
+        assert answer == [[[a.stage, a.kind, a.microbatch] for a in order[r]] for r in sorted(order)], (name, p, m, v)
+    assert len(ORDER_GRID) == 1053 and 0 < refused < len(ORDER_GRID)
 
 
-def test_entries_agree_with_the_closed_form_and_the_simulator(data):
-    for p in explorer.GRID["p"]:
-        for m in explorer.GRID["m"]:
-            gpipe = data["entries"][explorer.key("GPipe", p, m, 2, 1.0, 1.0, 1.0)]
-            assert gpipe["bubble"] == pytest.approx(bubble.bubble_fraction(p, m), abs=1e-4)
-            assert data["orders"][explorer.order_key("GPipe", p, m, 2)]["peak"] == {s: m for s in range(p)}
-    # the stored start times are the simulator's, in the quantum the page draws with
-    name, p, m, v = "ZBVZeroBubble", 4, 8, 2
-    order = simulate.torch_order(name, p, m, v)
-    events = simulate.simulate(order, explorer.costs(name, v, 2.0, 1.0, 0.5))
-    entry = data["entries"][explorer.key(name, p, m, v, 2.0, 1.0, 0.5)]
-    starts = {(e.rank, e.stage, e.kind, e.microbatch): e.start for e in events}
-    rows = data["orders"][explorer.order_key(name, p, m, v)]["actions"]
-    assert [starts[tuple(r)] * explorer.QUANTUM for r in rows] == pytest.approx(entry["start"])
-    assert entry["duration"]["F"] == explorer.costs(name, v, 2.0, 1.0, 0.5)["F"] * explorer.QUANTUM
+def test_the_teaching_view_simulates_as_the_python(js):
+    got = js("""grid => grid.map(([name, p, m, v, f, i, w]) => {
+        const k = PPPlanner.stagesPerRank(name, v), o = PPPlanner.order(name, p, m, v);
+        const ev = PPPlanner.simulate(o, {F: f / k, I: i / k, W: w / k, B: (i + w) / k});
+        return {events: ev.map(e => [e.rank, e.stage, e.kind, e.microbatch, e.start, e.end]),
+                peak: PPPlanner.peakInFlight(o)}; })""", TEACH_GRID)
+    for (name, p, m, v, f, i, w), answer in zip(TEACH_GRID, got):
+        k = S.stages_per_rank(name, v)
+        order = S.order(name, p, m, v)
+        events = simulate(order, {"F": f / k, "I": i / k, "W": w / k, "B": (i + w) / k})
+        by_action = {(e.rank, e.stage, e.kind, e.microbatch): (e.start, e.end) for e in events}
+        assert len(answer["events"]) == len(events)
+        for r, st, kind, mb, start, end in answer["events"]:
+            assert close(start, by_action[(r, st, kind, mb)][0]) and close(end, by_action[(r, st, kind, mb)][1])
+        assert {int(s): n for s, n in answer["peak"].items()} == peak_in_flight(order), (name, p, m, v)
+    assert len(TEACH_GRID) == 453
 
 
-def test_a_refused_combination_says_why(data):
-    assert "microbatches" in data["orders"][explorer.order_key("DualPipeV", 4, 4, 2)]["error"]
+# --- models ---------------------------------------------------------------------------------------------------
+
+LLAMA = {"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+         "num_key_value_heads": 8, "intermediate_size": 11008, "vocab_size": 32000}
+BAD_CONFIGS = [{"model_type": "llama", "hidden_size": 4096},                  # no layers
+               {**LLAMA, "num_attention_heads": 30, "num_key_value_heads": 30},  # hidden / heads
+               {**LLAMA, "num_key_value_heads": 5},                             # heads / key-value heads
+               {**LLAMA, "hidden_size": "4096"},                                # a string
+               {**LLAMA, "num_hidden_layers": 32.5},                            # a fraction
+               {**LLAMA, "vocab_size": 0},
+               {**LLAMA, "model_type": "mixtral", "num_local_experts": 8, "num_experts_per_tok": 9},
+               {**LLAMA, "model_type": "mixtral", "num_local_experts": 8}]      # no top-k
+ODD_CONFIGS = [{**LLAMA, "hidden_size": 4096.0}, {**LLAMA, "head_dim": 256, "model_type": None},
+               {**LLAMA, "model_type": "opt", "ffn_dim": None}, {k: v for k, v in LLAMA.items() if k != "model_type"}]
 
 
-def test_the_page_is_self_contained_and_light(data):
-    html = explorer.page(data)
-    assert len(html.encode()) < 400_000
+def test_hugging_face_configs_are_read_and_refused_as_the_python_does(js):
+    configs = list(HF_CONFIGS.values()) + BAD_CONFIGS + ODD_CONFIGS
+    got = js("""cs => cs.map(c => { try { return PPPlanner.fromHfConfig(c, "config.json"); }
+                                     catch (e) { return "error: " + e.message; } })""", configs)
+    for config, answer in zip(configs, got):
+        try:
+            expected = asdict(shapes.from_hf_config(config, "config.json"))
+        except ValueError as e:
+            expected = f"error: {e}"
+        assert answer == expected, config
+    assert sum(isinstance(a, str) for a in got) == len(BAD_CONFIGS)  # each refused, in one line
+
+
+# --- plans and layouts ----------------------------------------------------------------------------------------
+
+def plan_requests() -> list[search.Request]:
+    """40 requests: presets dense and mixture-of-experts, pasted configs, every GPU, modified GPUs and
+    given links, one node to many, every precision and kernel choice, and batches that do not divide."""
+    L = H.LINKS
+    models = [shapes.PRESETS[n] for n in ("llama3-8b", "llama2-13b", "mistral-7b", "qwen2.5-14b", "mixtral-8x7b",
+                                          "megatron-18b", "opt-175b", "llama3-70b")]
+    models.append(shapes.from_hf_config(HF_CONFIGS["qwen2.5-7b"], "config.json"))
+    models.append(shapes.from_hf_config(HF_CONFIGS["bloom-176b"], "config.json"))
+    gpus = list(H.GPUS.values())
+    out = []
+    for k in range(40):
+        model, gpu = models[k % len(models)], gpus[k % len(gpus)]
+        if k % 7 == 3:
+            gpu = replace(gpu, name=gpu.name + " (modified)", memory_gb=gpu.memory_gb * 1.5, bf16_tflops=700.0)
+        n = (8, 16, 32, 16)[k % 4]
+        per_node = 4 if k % 9 == 5 else 8
+        big = shapes.total_parameters(model) > 60e9
+        n = max(n, 64) if big else n
+        intra = L[gpu.nvlink] if k % 5 else H.custom_link("intra (given)", 300, 3)
+        inter = (L["ib-ndr400"], L["ib-hdr200"], L["roce-400g"], H.custom_link("inter (given)", 25, 8))[k % 4]
+        batch = (n // per_node) * (16, 32, 24, 48)[k % 4] if k % 11 != 7 else 7 * n + 3
+        out.append(search.Request(model, gpu, n, per_node, batch, (2048, 4096, 8192)[k % 3], intra, inter,
+                                  recipe=("bf16", "bf16-grads", "fp32")[k % 3],
+                                  kernels=("fused", "unfused", "book")[k // 3 % 3],
+                                  sequence_parallel=k % 6 != 1, headroom=(0.1, 0.05)[k % 2],
+                                  max_microbatch_size=(2, 4)[k % 2]))
+    return out
+
+
+def compare_prediction(answer: dict, pred: search.Prediction, what) -> None:
+    assert answer["label"] == pred.layout.label(), what
+    assert answer["why_not"] == pred.why_not, what
+    for key in ("step_s", "pipeline_s", "dp_exposed_s", "optimizer_s", "bubble", "tokens_per_s_per_gpu", "mfu",
+                "peak_bytes"):
+        assert close(answer[key], getattr(pred, key)), (what, key, answer[key], getattr(pred, key))
+    assert answer["estimated"] == pred.estimated, what
+    assert len(answer["memory"]) == len(pred.memory), what
+    for a, r in zip(answer["memory"], pred.memory):
+        assert a["stages"] == r.stages, what
+        for key in ("parameters", "gradients", "optimizer", "activations", "logits", "total"):
+            assert close(a[key], getattr(r, key) if key != "total" else r.total), (what, r.rank, key)
+
+
+PREDICTION_FIELDS = """o => ({label: o.label, why_not: o.why_not, step_s: o.step_s, pipeline_s: o.pipeline_s,
+    dp_exposed_s: o.dp_exposed_s, optimizer_s: o.optimizer_s, bubble: o.bubble,
+    tokens_per_s_per_gpu: o.tokens_per_s_per_gpu, mfu: o.mfu, peak_bytes: o.peak_bytes, estimated: o.estimated,
+    memory: o.memory.map(r => ({stages: r.stages, parameters: r.parameters, gradients: r.gradients,
+        optimizer: r.optimizer, activations: r.activations, logits: r.logits, total: r.total}))})"""
+
+
+def test_forty_plans_are_the_pythons(js):
+    """Each request planned in both: the same refusal, or the same ranked layouts with the same
+    numbers, and the same dropped layouts with the same reasons."""
+    requests = plan_requests()
+    got = js(f"""reqs => reqs.map(req => {{
+        const planner = new PPPlanner.Planner(req), problem = planner.requestProblem();
+        if (problem) return {{problem}};
+        const res = planner.plan(), fields = {PREDICTION_FIELDS};
+        return {{ranked: res.ranked.map(fields), dropped: res.dropped.map(o => [o.label, o.why_not])}}; }})""",
+             [request_json(r) for r in requests])
+    refused = ranked = 0
+    for k, (req, answer) in enumerate(zip(requests, got)):
+        problem = search.request_problem(req)
+        assert answer.get("problem") == problem, k
+        if problem:
+            refused += 1
+            continue
+        expected, dropped = search.plan(req)
+        assert [a["label"] for a in answer["ranked"]] == [o.layout.label() for o in expected], k
+        for a, o in zip(answer["ranked"], expected):
+            compare_prediction(a, o, (k, o.layout.label()))
+        assert sorted(map(tuple, answer["dropped"])) == sorted((o.layout.label(), o.why_not) for o in dropped), k
+        ranked += bool(expected)
+    assert refused >= 2 and ranked >= 30  # both branches are exercised
+
+
+def sample_layouts(count: int = 320) -> list[tuple[int, search.Layout]]:
+    """Every k-th candidate a schedule accepts, over the plan requests that divide: (request, layout)."""
+    requests = plan_requests()
+    pool = [(k, c) for k, req in enumerate(requests) if search.request_problem(req) is None
+            for c in search.candidates(req) if search.constraint_problem(c, req) is None]
+    step = len(pool) / count
+    return [pool[int(i * step)] for i in range(count)]
+
+
+def test_three_hundred_layouts_are_the_pythons(js):
+    """Memory per rank, time and its parts for single layouts (fitting or not), as the page shows
+    a layout the reader picks; and the timeline of one step it draws, action by action."""
+    requests, chosen = plan_requests(), sample_layouts()
+    got = js(f"""args => args.map(([req, L, draw]) => {{
+        const planner = new PPPlanner.Planner(req), o = ({PREDICTION_FIELDS})(planner.predict(L, false));
+        if (draw) o.timeline = planner.timeline(L).events.map(e => [e.rank, e.stage, e.kind, e.microbatch, e.start, e.end]);
+        return o; }})""", [[request_json(requests[k]), asdict(c), i % 8 == 0] for i, (k, c) in enumerate(chosen)])
+    schedules_seen = set()
+    for i, ((k, layout), answer) in enumerate(zip(chosen, got)):
+        req = requests[k]
+        compare_prediction(answer, search.predict(layout, req, check_memory=False), (k, layout.label()))
+        schedules_seen.add(layout.schedule)
+        if i % 8 == 0:
+            events = search.timeline(layout, req)
+            assert len(answer["timeline"]) == len(events)
+            for (r, st, kind, mb, start, end), e in zip(answer["timeline"], events):
+                assert (r, st, kind, mb) == (e.rank, e.stage, e.kind, e.microbatch)
+                assert close(start, e.start) and close(end, e.end), (k, layout.label())
+    assert schedules_seen == set(S.TORCH_SCHEDULES) | {search.NO_PIPELINE}
+
+
+# --- the page -------------------------------------------------------------------------------------------------
+
+def test_the_page_is_self_contained_and_light():
+    html = explorer.page()
+    assert explorer.weight() == len(html.encode()) < 150_000
     assert not re.search(r"""(src|href)=["']?https?:""", html)  # offline: nothing fetched
     payload = re.search(r'<script type="application/json" id="ppx-data">(.*?)</script>', html, re.S).group(1)
-    assert json.loads(payload.replace("<\\/", "</")) == json.loads(json.dumps(data))
-    for control in ("schedule", "p", "m", "v", "F", "I", "W"):
-        assert f'id="ppx-{control}"' in html
+    data = json.loads(payload.replace("<\\/", "</"))
+    assert data == json.loads(json.dumps(explorer.planner_data()))
+    assert data["presets"]["llama3-70b"] == asdict(shapes.PRESETS["llama3-70b"])  # exported, never typed twice
+
+
+def test_the_page_data_starts_from_a_request_that_plans():
+    d = explorer.DEFAULT_REQUEST
+    gpu = H.GPUS[d["gpu"]]
+    req = search.Request(shapes.PRESETS[d["model"]], gpu, d["gpus"], d["gpus_per_node"], d["global_batch"],
+                         d["seq_len"], H.LINKS[gpu.nvlink], H.LINKS[H.INTER_DEFAULT])
+    assert search.plan(req)[0]

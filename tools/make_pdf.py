@@ -7,7 +7,7 @@ Jupyter Book's own `pdfhtml` builder needs pyppeteer, which downloads a Chromium
    execution cache as `make book` (`execute_notebooks: cache`), so after `make book` nothing
    executes again;
 2. Debian's chromium (driven by playwright with `executable_path`, never `playwright install`)
-   opens that page, waits until MathJax has typeset the math and the explorer has drawn, and
+   opens that page, waits until MathJax has typeset the math and the planner page has drawn, and
    prints it to PDF.
 
     python tools/make_pdf.py                       # -> _build/pdf/book.pdf
@@ -39,7 +39,7 @@ PRINT_CSS = """@media print {
 
 
 # A page is ready to print or test once it has loaded, MathJax has typeset it (printing earlier
-# shows raw TeX), its fonts and images are in, and the explorer, where there is one, has drawn.
+# shows raw TeX), its fonts and images are in, and the planner, where there is one, has drawn.
 # Not playwright's "networkidle": the 1.5 MB single page never reached it in CI (no request was
 # pending; the state is not reliable), and a wait for an event that never comes is a flake.
 SETTLED = """async () => {
@@ -51,8 +51,8 @@ SETTLED = """async () => {
   await document.fonts.ready;
   await Promise.all([...document.images].filter(i => !i.complete).map(i => new Promise(r => {
     i.addEventListener('load', r); i.addEventListener('error', r); })));
-  const chart = document.getElementById('ppx-chart');
-  while (chart && !chart.dataset.key) await new Promise(r => setTimeout(r, 50));
+  const planner = document.getElementById('ppx');
+  while (planner && planner.dataset.plans === undefined) await new Promise(r => setTimeout(r, 50));
   return true;
 }"""
 SETTLE_MS = 600_000  # a generous bound for a loaded 2-core machine; typical: under 10 s

@@ -1,83 +1,478 @@
-// The schedule explorer's drawing (see explorer.py): looks up the chosen combination in the
-// precomputed data and draws it as SVG. No simulation here: every start time, the step time,
-// the bubble and the peaks come from ppbook.simulate, run by the build.
+// The planner page (see explorer.py): the request form, the ranked layouts, memory per rank and
+// the timeline of one step for the selected layout, and the schedules with abstract costs.
+// Every number comes from planner.js (window.PPPlanner), the port of ppbook.planner that
+// tests/test_explorer.py proves equal to the Python; this file only reads the form and draws.
 (function () {
   "use strict";
+  const P = window.PPPlanner;
   const data = JSON.parse(document.getElementById("ppx-data").textContent);
-  const $ = (id) => document.getElementById(id);
-  const names = ["p", "m", "v", "F", "I", "W"];
+  P.load(data);
+  const root = document.getElementById("ppx");
   const SVG = "http://www.w3.org/2000/svg";
+  const GB = P.GB;
+  const CONFIG = "config.json";  // the model select's entry for a pasted Hugging Face config
+  const PARTS = ["parameters", "gradients", "optimizer", "activations", "logits"];
+  const PART_COLOURS = {parameters: "#4C72B0", gradients: "#DD8452", optimizer: "#55A868",
+                        activations: "#C44E52", logits: "#8172B3"};
+  const KIND_NAMES = {F: "forward", B: "full backward", I: "input-gradient backward", W: "weight-gradient backward"};
+  const TOP = 10;  // rows of the ranked table, as python -m ppbook.plan prints by default
 
-  function chosen() {
-    const c = { schedule: $("ppx-schedule").value };
-    for (const n of names) c[n] = data.grid[n][Number($("ppx-" + n).value)];
-    return c;
+  // --- small DOM helpers ----------------------------------------------------------------------
+  function h(tag, attrs, children) {
+    const e = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (k === "text") e.textContent = v;
+      else if (v !== undefined && v !== null && v !== false) e.setAttribute(k, v === true ? "" : v);
+    }
+    for (const c of children || []) e.appendChild(typeof c === "string" ? document.createTextNode(c) : c);
+    return e;
   }
-
-  function fmt(x) { return String(Number(x.toFixed(3))); }
-
-  function keys(c) {
-    const fixed = { single: 1, v: 2 }[data.placement[c.schedule]];
-    const v = fixed === undefined ? c.v : fixed;
-    const order = [c.schedule, c.p, c.m, v].join("|");
-    return { order: order, entry: [order, fmt(c.F), fmt(c.I), fmt(c.W)].join("|"), v: v, looped: fixed === undefined };
-  }
-
-  function el(name, attrs, parent) {
+  function s(name, attrs, parent) {
     const e = document.createElementNS(SVG, name);
-    for (const [k, val] of Object.entries(attrs)) e.setAttribute(k, val);
+    for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
     if (parent) parent.appendChild(e);
     return e;
   }
+  function options(select, values, labels, keep) {
+    const old = keep === undefined ? select.value : String(keep);
+    select.replaceChildren(...values.map((v, i) => h("option", {value: String(v), text: labels ? labels[i] : String(v)})));
+    if (values.map(String).includes(old)) select.value = old;
+    return select;
+  }
+  function field(label, input, unit) {
+    return h("label", {class: "ppx-field"}, [label + " ", input].concat(unit ? [" " + unit] : []));
+  }
+  function number(id, attrs) { return h("input", Object.assign({type: "number", id: id, class: "ppx-number"}, attrs || {})); }
+  function dropdown(id) { return h("select", {id: id}); }
+  const $ = (id) => document.getElementById(id);
+  const fmt = (x) => String(Number(x.toFixed(3)));
+  const gb = (x) => (x / GB).toFixed(1);
+  const pct = (x) => (100 * x).toFixed(1) + "%";
+  function seconds(x) { return x >= 1 ? x.toFixed(2) + " s" : (1e3 * x).toFixed(x >= 0.01 ? 1 : 2) + " ms"; }
 
-  function draw() {
-    const c = chosen(), k = keys(c);
-    for (const n of names) $("ppx-" + n + "-value").textContent = (n === "v" && !k.looped) ? k.v + " (fixed)" : c[n];
-    $("ppx-v").disabled = !k.looped;
-    const chart = $("ppx-chart"), stats = $("ppx-stats"), order = data.orders[k.order];
-    chart.replaceChildren();
-    if (order.error) {
-      stats.textContent = c.schedule + " cannot run this: " + order.error;
-      chart.dataset.key = k.entry;
-      return;
-    }
-    const entry = data.entries[k.entry], q = data.quantum;
-    const width = 760, left = 56, rowH = 26, top = 8, right = 10;
-    const height = top + rowH * c.p + 34;
-    const scale = (width - left - right) / (entry.step * q);
-    const svg = el("svg", { width: "100%", viewBox: `0 0 ${width} ${height}`, role: "img",
-                            style: `max-width: ${width}px; height: auto`,
-                            "aria-label": `${c.schedule} timeline` }, chart);
-    for (let r = 0; r < c.p; r++) {
-      const t = el("text", { x: 4, y: top + r * rowH + rowH / 2 + 4, "font-size": 12 }, svg);
-      t.textContent = "rank " + r;
-    }
-    order.actions.forEach(([rank, stage, kind, mb], i) => {
-      const x = left + entry.start[i] * scale, w = entry.duration[kind] * scale, y = top + rank * rowH;
-      const rect = el("rect", { x: x, y: y + 2, width: Math.max(w, 0.5), height: rowH - 4,
-                                fill: data.colours[kind], stroke: "white", "stroke-width": 0.5 }, svg);
-      el("title", {}, rect).textContent = `${stage}${kind}${mb}: stage ${stage}, ${kind}, microbatch ${mb}`;
-      if (w > 22) {
-        const t = el("text", { x: x + w / 2, y: y + rowH / 2 + 4, "font-size": 10, fill: "white",
-                               "text-anchor": "middle" }, svg);
-        t.textContent = `${stage}${kind}${mb}`;
-      }
-    });
-    const axisY = top + rowH * c.p + 14;
-    for (let i = 0; i <= 4; i++) {
-      const t = el("text", { x: left + (width - left - right) * i / 4, y: axisY, "font-size": 10,
-                             "text-anchor": i === 0 ? "start" : i === 4 ? "end" : "middle" }, svg);
-      t.textContent = fmt(entry.step * i / 4);
-    }
-    el("text", { x: left, y: axisY + 14, "font-size": 10 }, svg).textContent =
-      "time, in the cost units of F, I and W (each the cost of a rank's whole share of the model)";
-    const peaks = Object.entries(order.peak).map(([s, n]) => `${s}: ${n}`).join(", ");
-    stats.textContent = `step time ${fmt(entry.step)}, bubble ${(100 * entry.bubble).toFixed(1)}% of the step, ` +
-      `${order.stages} stages; peak microbatches held per stage: ${peaks}`;
-    chart.dataset.key = k.entry;
+  // --- the page's structure -------------------------------------------------------------------
+  const modes = h("div", {class: "ppx-modes", role: "radiogroup"}, [
+    h("label", {}, [h("input", {type: "radio", name: "ppx-mode", id: "ppx-mode-plan", value: "plan", checked: true}),
+                    " plan a layout for your model"]),
+    h("label", {}, [h("input", {type: "radio", name: "ppx-mode", id: "ppx-mode-teach", value: "teach"}),
+                    " schedules with abstract costs"])]);
+
+  const modelSelect = dropdown("ppx-model");
+  options(modelSelect, Object.keys(data.presets).concat([CONFIG]),
+          Object.keys(data.presets).concat(["paste a Hugging Face config.json"]), data.request.model);
+  const configBox = h("textarea", {id: "ppx-config", rows: 6, cols: 60, spellcheck: "false", hidden: true,
+                                    placeholder: "paste the model's config.json here (from its Hugging Face page)"});
+  const gpuSelect = options(dropdown("ppx-gpu"), Object.keys(data.gpus), null, data.request.gpu);
+  const linkNames = Object.keys(data.links);
+  const intraSelect = options(dropdown("ppx-intra"), linkNames, null, data.gpus[data.request.gpu].nvlink);
+  const interSelect = options(dropdown("ppx-inter"), linkNames, null, data.inter_default);
+  const recipeSelect = options(dropdown("ppx-recipe"), data.choices.recipe, null, "bf16");
+  const kernelsSelect = options(dropdown("ppx-kernels"), data.choices.kernels, null, "fused");
+
+  const planSection = h("section", {id: "ppx-plan"}, [
+    h("fieldset", {}, [h("legend", {text: "Model"}), field("model", modelSelect), configBox,
+                       h("p", {id: "ppx-model-line", class: "ppx-note"})]),
+    h("fieldset", {}, [h("legend", {text: "GPUs and links"}),
+      field("GPU", gpuSelect), field("memory", number("ppx-gpu-memory", {min: 1, step: "any"}), "GB"),
+      field("bf16 peak", number("ppx-gpu-tflops", {min: 1, step: "any"}), "TFLOP/s"),
+      field("memory bandwidth", number("ppx-gpu-bandwidth", {min: 0.1, step: "any"}), "TB/s"), h("br"),
+      field("within a node", intraSelect), field("", number("ppx-intra-bandwidth", {min: 0.1, step: "any"}), "GB/s"),
+      field("", number("ppx-intra-latency", {min: 0, step: "any"}), "µs"), h("br"),
+      field("between nodes", interSelect), field("", number("ppx-inter-bandwidth", {min: 0.1, step: "any"}), "GB/s"),
+      field("", number("ppx-inter-latency", {min: 0, step: "any"}), "µs")]),
+    h("fieldset", {}, [h("legend", {text: "Cluster and batch"}),
+      field("GPUs in all", number("ppx-gpus", {min: 1, step: 1, value: data.request.gpus})),
+      field("GPUs per node", number("ppx-gpus-per-node", {min: 1, step: 1, value: data.request.gpus_per_node})),
+      field("global batch", number("ppx-global-batch", {min: 1, step: 1, value: data.request.global_batch}), "sequences"),
+      field("sequence length", number("ppx-seq-len", {min: 1, step: 1, value: data.request.seq_len}), "tokens"),
+      field("precision", recipeSelect), field("kernels", kernelsSelect)]),
+    h("p", {id: "ppx-error", class: "ppx-error", role: "alert"}),
+    h("p", {id: "ppx-header", class: "ppx-note"}),
+    h("div", {class: "ppx-table-wrap"}, [h("table", {id: "ppx-table", class: "ppx-table"})]),
+    h("p", {id: "ppx-summary", class: "ppx-note"}),
+    h("fieldset", {id: "ppx-layout"}, [h("legend", {text: "The selected layout (change any part)"}),
+      field("tp", dropdown("ppx-tp")), field("p", dropdown("ppx-p")), field("schedule", dropdown("ppx-schedule")),
+      field("v", dropdown("ppx-v")), field("m", dropdown("ppx-m")), field("sharding", dropdown("ppx-sharding")),
+      field("recompute", dropdown("ppx-recompute")), field("balance", dropdown("ppx-balance")),
+      h("span", {id: "ppx-derived", class: "ppx-note"})]),
+    h("p", {id: "ppx-layout-stats", class: "ppx-stats"}),
+    h("div", {id: "ppx-memory"}),
+    h("div", {id: "ppx-timeline"})]);
+
+  const teachSchedule = options(dropdown("ppx-t-schedule"), data.choices.schedules, null, "1F1B");
+  const teachSection = h("section", {id: "ppx-teach", hidden: true}, [
+    h("p", {class: "ppx-note", text: "Costs of a rank's whole share of the model: F forward, I input-gradient backward, " +
+      "W weight-gradient backward (a full backward B costs I + W); a looped or V-shaped schedule cuts the share into " +
+      "stages of 1/v of it. Hand-offs are free here."}),
+    field("schedule", teachSchedule),
+    field("p", number("ppx-t-p", {min: 2, max: 8, step: 1, value: 4})),
+    field("m", number("ppx-t-m", {min: 1, max: 32, step: 1, value: 8})),
+    field("v", number("ppx-t-v", {min: 2, max: 4, step: 1, value: 2})),
+    field("F", number("ppx-t-F", {min: 0.1, max: 10, step: 0.5, value: 1})),
+    field("I", number("ppx-t-I", {min: 0.1, max: 10, step: 0.5, value: 1})),
+    field("W", number("ppx-t-W", {min: 0.1, max: 10, step: 0.5, value: 1})),
+    h("p", {id: "ppx-t-stats", class: "ppx-stats"}),
+    h("div", {id: "ppx-t-chart"})]);
+
+  root.replaceChildren(modes, planSection, teachSection);
+  root.dataset.plans = "0";
+
+  // --- the request ----------------------------------------------------------------------------
+  function fillGpu() {
+    const g = data.gpus[gpuSelect.value];
+    $("ppx-gpu-memory").value = g.memory_gb;
+    $("ppx-gpu-tflops").value = g.bf16_tflops;
+    $("ppx-gpu-bandwidth").value = g.hbm_tb_s;
+  }
+  function fillLink(side) {
+    const l = data.links[$("ppx-" + side).value];
+    $("ppx-" + side + "-bandwidth").value = l.bandwidth / 1e9;
+    $("ppx-" + side + "-latency").value = Number((l.latency * 1e6).toPrecision(12));
+  }
+  function positive(id, what, integer) {
+    const raw = $(id).value, x = Number(raw);
+    if (raw === "" || !Number.isFinite(x) || x <= 0 || (integer && !Number.isInteger(x)))
+      throw new Error(what + " must be a positive " + (integer ? "whole number" : "number") + ", not '" + raw + "'");
+    return x;
+  }
+  function model() {
+    if (modelSelect.value !== CONFIG) return Object.assign({}, data.presets[modelSelect.value]);
+    const text = configBox.value.trim();
+    if (!text) throw new Error("paste a Hugging Face config.json into the box (or pick a preset)");
+    let config;
+    try { config = JSON.parse(text); } catch (e) { throw new Error("config.json is not valid JSON: " + e.message); }
+    if (config === null || typeof config !== "object" || Array.isArray(config))
+      throw new Error("config.json must be a JSON object, as on the model's Hugging Face page");
+    return P.fromHfConfig(config, CONFIG);
+  }
+  // the CLI's rule: a GPU or link with a changed number is no longer the preset (so the H100
+  // measurements apply only to the H100 itself)
+  function gpu() {
+    const base = data.gpus[gpuSelect.value];
+    const g = Object.assign({}, base, {memory_gb: positive("ppx-gpu-memory", "GPU memory"),
+      bf16_tflops: positive("ppx-gpu-tflops", "bf16 peak"), hbm_tb_s: positive("ppx-gpu-bandwidth", "memory bandwidth")});
+    if (g.memory_gb !== base.memory_gb || g.bf16_tflops !== base.bf16_tflops || g.hbm_tb_s !== base.hbm_tb_s)
+      g.name = base.name + " (modified)";
+    return g;
+  }
+  function link(side) {
+    const base = data.links[$("ppx-" + side).value];
+    const bw = positive("ppx-" + side + "-bandwidth", side + "-node bandwidth");
+    const latRaw = $("ppx-" + side + "-latency").value, lat = Number(latRaw);
+    if (latRaw === "" || !Number.isFinite(lat) || lat < 0) throw new Error(side + "-node latency must be 0 or more microseconds");
+    if (bw === base.bandwidth / 1e9 && lat === Number((base.latency * 1e6).toPrecision(12))) return base;
+    return {name: side + " (given)", latency: lat * 1e-6, bandwidth: bw * 1e9, source: "given on the page"};
+  }
+  function request() {
+    const req = {model: model(), gpu: gpu(), gpus: positive("ppx-gpus", "GPUs in all", true),
+      gpus_per_node: positive("ppx-gpus-per-node", "GPUs per node", true),
+      global_batch: positive("ppx-global-batch", "global batch", true), seq_len: positive("ppx-seq-len", "sequence length", true),
+      intra: link("intra"), inter: link("inter"), recipe: recipeSelect.value, kernels: kernelsSelect.value};
+    if (req.gpus > req.gpus_per_node && req.gpus % req.gpus_per_node)
+      throw new Error(req.gpus + " GPUs is not a whole number of nodes of " + req.gpus_per_node +
+                      "; use a multiple of " + req.gpus_per_node + " (or change GPUs per node)");
+    return req;
   }
 
-  $("ppx-schedule").addEventListener("change", draw);
-  for (const n of names) $("ppx-" + n).addEventListener("input", draw);
-  draw();
+  // --- planning ---------------------------------------------------------------------------------
+  let planner = null, ranked = [], current = null;
+
+  function plan() {
+    $("ppx-error").textContent = "";
+    let req;
+    try {
+      req = request();
+      planner = new P.Planner(req);
+      const problem = planner.requestProblem();
+      if (problem) throw new Error(problem);
+    } catch (e) {
+      planner = null;
+      $("ppx-error").textContent = e.message;
+      for (const id of ["ppx-header", "ppx-summary", "ppx-layout-stats"]) $(id).textContent = "";
+      for (const id of ["ppx-table", "ppx-memory", "ppx-timeline"]) $(id).replaceChildren();
+      root.dataset.plans = String(Number(root.dataset.plans) + 1);
+      return;
+    }
+    const m = req.model;
+    $("ppx-model-line").textContent = m.name + ": " + (P.totalParameters(m) / 1e9).toFixed(2) + "B parameters" +
+      (m.experts ? " (" + (P.activeParameters(m) / 1e9).toFixed(1) + "B active)" : "") + ", " + m.layers +
+      " layers, hidden " + m.hidden;
+    const result = planner.plan();
+    ranked = result.ranked;
+    root.dataset.request = JSON.stringify([m.name, req.gpu.name, req.gpus, req.gpus_per_node, req.global_batch, req.seq_len]);
+    $("ppx-header").textContent = req.gpus + " × " + req.gpu.name + " (" + fmt(req.gpu.memory_gb) + " GB, " +
+      fmt(req.gpu.bf16_tflops) + " TFLOP/s bf16), " + req.gpus_per_node + " per node; links " + req.intra.name + " / " +
+      req.inter.name + "; batch " + req.global_batch + " × " + req.seq_len + " tokens; usable memory " +
+      gb(P.usableBytes(req)) + " GB per GPU";
+    table(ranked);
+    if (ranked.length) {
+      $("ppx-summary").textContent = ranked.length + " layouts ranked, " + result.dropped.length + " dropped (they do " +
+        "not fit, or a schedule refuses their microbatch count); the others cannot come within 5% of the winner. " +
+        "Click a row, or change the layout below.";
+      choose(ranked[0].layout);
+    } else {
+      const closest = result.dropped.filter((o) => o.memory).sort((a, b) => a.peak_bytes - b.peak_bytes)[0];
+      $("ppx-summary").textContent = "No layout fits: " + (closest ? "the closest, " + closest.label + ", needs " +
+        gb(closest.peak_bytes) + " GB on its fullest GPU of " + gb(P.usableBytes(req)) + " usable; use more GPUs, " +
+        "a larger tp, recomputation or sharding." : "every layout was refused.");
+      choose(closest ? closest.layout : null);
+    }
+    root.dataset.plans = String(Number(root.dataset.plans) + 1);
+  }
+
+  function table(rows) {
+    const head = ["", "tp", "pp", "v", "dp", "sharding", "schedule", "b", "m", "recompute", "step", "tok/s/GPU", "MFU",
+      "bubble", "GB/GPU"];
+    const t = $("ppx-table");
+    t.replaceChildren(h("thead", {}, [h("tr", {}, head.map((x) => h("th", {text: x})))]));
+    const body = h("tbody");
+    rows.slice(0, TOP).forEach((o, i) => {
+      const L = o.layout;
+      const cells = [i + 1, L.tp, L.p, L.v, L.dp, L.sharding, L.schedule, L.b, L.m, L.recompute, seconds(o.step_s),
+        Math.round(o.tokens_per_s_per_gpu), Math.round(100 * o.mfu) + "%", pct(o.bubble), gb(o.peak_bytes)];
+      const tr = h("tr", {tabindex: 0, "data-label": o.label, "data-step-s": o.step_s, "data-peak-bytes": o.peak_bytes,
+                          "data-bubble": o.bubble, title: o.label}, cells.map((c) => h("td", {text: String(c)})));
+      tr.addEventListener("click", () => choose(L));
+      tr.addEventListener("keydown", (e) => { if (e.key === "Enter") choose(L); });
+      body.appendChild(tr);
+    });
+    t.appendChild(body);
+  }
+
+  // --- the selected layout's controls --------------------------------------------------------------
+  function divisors(n) { const out = []; for (let d = 1; d <= n; d++) if (n % d === 0) out.push(d); return out; }
+
+  function choose(L) {
+    current = L;
+    const name = L ? P.label(L) : null;
+    for (const tr of $("ppx-table").querySelectorAll("tbody tr")) tr.classList.toggle("ppx-selected", tr.dataset.label === name);
+    refreshControls();
+    draw();
+  }
+
+  // the choices that make a layout of this request, around `current`
+  function refreshControls() {
+    if (!planner || !current) { $("ppx-layout").hidden = true; return; }
+    $("ppx-layout").hidden = false;
+    const req = planner.req, L = current;
+    options($("ppx-tp"), planner.tensorParallelSizes(), null, L.tp);
+    const ranks = req.gpus / L.tp;
+    options($("ppx-p"), divisors(ranks).filter((p) => p <= Math.min(req.model.layers, req.max_p)), null, L.p);
+    const names = L.p === 1 ? [P.NO_PIPELINE] : data.choices.schedules;
+    options($("ppx-schedule"), names, names.map((n) => n === P.NO_PIPELINE ? "no pipeline" : n), L.schedule);
+    const kind = L.schedule === P.NO_PIPELINE ? "single" : P.placement(L.schedule);
+    const vs = kind === "loop" ? [2, 3, 4].filter((v) => v <= Math.max(req.max_v, L.v)) : [kind === "v" ? 2 : 1];
+    options($("ppx-v"), vs, null, L.v);
+    $("ppx-v").disabled = kind !== "loop";
+    const perReplica = req.global_batch % L.dp === 0 ? req.global_batch / L.dp : 0;
+    const ms = perReplica ? divisors(perReplica) : [L.m];
+    options($("ppx-m"), ms, ms.map((m) => m + " (b=" + (perReplica / m) + ")"), L.m);
+    options($("ppx-sharding"), L.dp > 1 ? data.choices.sharding : ["none"], null, L.sharding);
+    options($("ppx-recompute"), data.choices.recompute, null, L.recompute);
+    options($("ppx-balance"), L.p > 1 ? data.choices.balance : ["even"], null, L.balance);
+    $("ppx-derived").textContent = "dp = " + L.dp + ", b = " + L.b + " sequences per microbatch";
+  }
+
+  // a control moved: the layout it asks for, the other parts kept where they still make sense
+  function fromControls(changed) {
+    const req = planner.req, old = current;
+    const tp = Number($("ppx-tp").value);
+    const ranks = req.gpus / tp;
+    let p = Number($("ppx-p").value);
+    if (ranks % p || p > Math.min(req.model.layers, req.max_p)) {  // tp changed: the nearest p that divides
+      const ps = divisors(ranks).filter((x) => x <= Math.min(req.model.layers, req.max_p));
+      p = ps.reduce((a, b) => Math.abs(b - old.p) < Math.abs(a - old.p) ? b : a);
+    }
+    const dp = ranks / p;
+    let schedule = $("ppx-schedule").value;
+    if (p === 1) schedule = P.NO_PIPELINE;
+    else if (schedule === P.NO_PIPELINE) schedule = "1F1B";
+    const kind = schedule === P.NO_PIPELINE ? "single" : P.placement(schedule);
+    const v = kind === "loop" ? Math.max(2, Number($("ppx-v").value)) : (kind === "v" ? 2 : 1);
+    let m, b;
+    if (changed === "m") {
+      m = Number($("ppx-m").value);
+    } else {  // keep the microbatch size where it still divides: dp moves with tp and p
+      b = old.b || 1;
+      while (b > 1 && req.global_batch % (dp * b)) b -= 1;
+      m = req.global_batch % (dp * b) ? old.m : req.global_batch / (dp * b);
+    }
+    b = req.global_batch / (dp * m);
+    if (!Number.isInteger(b)) b = 0;  // draw() says why
+    return P.layout(tp, p, dp, schedule, v, b, m, dp > 1 ? $("ppx-sharding").value : "none", $("ppx-recompute").value,
+                    p > 1 ? $("ppx-balance").value : "even");
+  }
+
+  for (const name of ["tp", "p", "schedule", "v", "m", "sharding", "recompute", "balance"])
+    $("ppx-" + name).addEventListener("change", () => choose(fromControls(name)));
+
+  // --- drawing the selected layout -----------------------------------------------------------------
+  function draw() {
+    const stats = $("ppx-layout-stats"), memory = $("ppx-memory"), chart = $("ppx-timeline");
+    memory.replaceChildren(); chart.replaceChildren();
+    delete memory.dataset.totals; delete chart.dataset.span;
+    if (!planner || !current) { stats.textContent = ""; return; }
+    const req = planner.req, L = current;
+    const problem = !L.b ? "the global batch " + req.global_batch + " does not split into " + L.dp + " replicas of " +
+      L.m + " microbatches" : planner.constraintProblem(L);
+    if (problem) {
+      stats.textContent = P.label(L) + " cannot run: " + problem;
+      root.dataset.layout = P.label(L);
+      return;
+    }
+    const pred = planner.predict(L, false);
+    const worst = pred.memory.reduce((a, r) => r.total > a.total ? r : a);
+    const usable = P.usableBytes(req), fits = worst.total <= usable;
+    const win = ranked[0];
+    let verdict = "";
+    if (win) {
+      const slower = 100 * (pred.step_s / win.step_s - 1);
+      verdict = P.label(win.layout) === P.label(L) ? "the planner's choice" :
+        Math.abs(slower).toFixed(1) + "% " + (slower >= 0 ? "slower" : "faster") + " than the winner" + (fits ? "" : ", but it does not fit");
+    }
+    stats.textContent = P.label(L) + ": " + (fits ? "fits, " + gb(worst.total) + " GB on the fullest GPU (rank " + worst.rank + ")"
+      : "does not fit: rank " + worst.rank + " needs " + gb(worst.total) + " GB of " + gb(usable) + " usable") +
+      "; " + seconds(pred.step_s) + " per step: pipeline " + seconds(pred.pipeline_s) + " (bubble " + pct(pred.bubble) +
+      "), data-parallel traffic not hidden " + seconds(pred.dp_exposed_s) + ", optimizer " + seconds(pred.optimizer_s) +
+      "; " + Math.round(pred.tokens_per_s_per_gpu) + " tokens/s per GPU, " + Math.round(100 * pred.mfu) + "% MFU" +
+      (verdict ? "; " + verdict : "") + (pred.estimated ? "" : " (action times measured on an H100)");
+    stats.dataset.stepS = pred.step_s;
+    root.dataset.layout = P.label(L);
+    root.dataset.layoutFields = JSON.stringify(L);
+    drawMemory(memory, pred.memory, req);
+    const tl = planner.timeline(L);
+    // a long step's prediction extends from 2p and 3p microbatches; the drawing simulates all m
+    const extended = Math.abs(tl.span - pred.pipeline_s) > 1e-9 * tl.span;
+    drawTimeline(chart, tl.events, L.p, tl.span, seconds,
+                 "one step, all " + L.m + " microbatches simulated" + (extended ? " (" + seconds(tl.span) +
+                 "; the prediction above extends 2p and 3p)" : "") + "; grey lines: hand-offs between ranks");
+  }
+
+  function drawMemory(box, ranks, req) {
+    const width = 760, left = 110, right = 70, rowH = 20, top = 18;
+    const capacity = req.gpu.memory_gb * GB, usable = P.usableBytes(req);
+    const most = Math.max(capacity, ...ranks.map((r) => r.total));
+    const scale = (width - left - right) / most, height = top + rowH * ranks.length + 34;
+    const svg = s("svg", {width: "100%", viewBox: `0 0 ${width} ${height}`, role: "img", style: `max-width: ${width}px; height: auto`,
+                          "aria-label": "memory per GPU of each pipeline rank"}, box);
+    s("text", {x: 0, y: 12, "font-size": 11}, svg).textContent = "memory per GPU, by pipeline rank (GB)";
+    ranks.forEach((r, i) => {
+      const y = top + i * rowH;
+      s("text", {x: 0, y: y + rowH / 2 + 4, "font-size": 11}, svg).textContent =
+        "rank " + r.rank + " (stage" + (r.stages.length > 1 ? "s " : " ") + r.stages.join(",") + ")";
+      let x = left;
+      for (const part of PARTS) {
+        const w = r[part] * scale;
+        if (w <= 0) continue;
+        const rect = s("rect", {x: x, y: y + 2, width: w, height: rowH - 4, fill: PART_COLOURS[part], class: "ppx-" + part}, svg);
+        s("title", {}, rect).textContent = `rank ${r.rank}: ${part} ${gb(r[part])} GB`;
+        x += w;
+      }
+      s("text", {x: x + 4, y: y + rowH / 2 + 4, "font-size": 10, fill: r.total > usable ? "#C44E52" : "#333"}, svg).textContent = gb(r.total);
+    });
+    const bottom = top + rowH * ranks.length;
+    for (const [value, dash, label] of [[usable, "4 3", "usable"], [capacity, "", req.gpu.memory_gb + " GB"]]) {
+      const x = left + value * scale;
+      s("line", {x1: x, x2: x, y1: top - 4, y2: bottom + 2, stroke: "#222", "stroke-dasharray": dash}, svg);
+      s("text", {x: x, y: bottom + 14, "font-size": 10, "text-anchor": value === usable ? "end" : "start"}, svg).textContent = label;
+    }
+    let lx = left;
+    for (const part of PARTS) {
+      s("rect", {x: lx, y: bottom + 20, width: 10, height: 10, fill: PART_COLOURS[part]}, svg);
+      s("text", {x: lx + 14, y: bottom + 29, "font-size": 10}, svg).textContent = part;
+      lx += 24 + 7 * part.length;
+    }
+    box.dataset.totals = JSON.stringify(ranks.map((r) => r.total));
+  }
+
+  function drawTimeline(box, events, p, span, timeText, caption) {
+    const width = 760, left = 56, rowH = 24, top = 8, right = 10;
+    const height = top + rowH * p + 34;
+    const scale = (width - left - right) / (span || 1);
+    const svg = s("svg", {width: "100%", viewBox: `0 0 ${width} ${height}`, role: "img", style: `max-width: ${width}px; height: auto`,
+                          "aria-label": "timeline of one step"}, box);
+    for (let r = 0; r < p; r++) s("text", {x: 4, y: top + r * rowH + rowH / 2 + 4, "font-size": 12}, svg).textContent = "rank " + r;
+    const mid = (r) => top + r * rowH + rowH / 2;
+    let handoffs = 0;
+    events.forEach((e) => {
+      const x = left + e.start * scale, w = (e.end - e.start) * scale, y = top + e.rank * rowH;
+      const rect = s("rect", {x: x, y: y + 2, width: Math.max(w, 0.5), height: rowH - 4, fill: data.colours[e.kind],
+                              stroke: "white", "stroke-width": 0.5}, svg);
+      s("title", {}, rect).textContent = `${e.stage}${e.kind}${e.microbatch}: stage ${e.stage}, ${KIND_NAMES[e.kind]}, ` +
+        `microbatch ${e.microbatch}, ${timeText(e.start)} to ${timeText(e.end)}`;
+      if (w > 24) s("text", {x: x + w / 2, y: y + rowH / 2 + 4, "font-size": 10, fill: "white", "text-anchor": "middle"}, svg)
+        .textContent = `${e.stage}${e.kind}${e.microbatch}`;
+    });
+    events.forEach((e) => {
+      if (e.from === undefined || e.from < 0) return;
+      const src = events[e.from];
+      handoffs += 1;
+      s("line", {x1: left + src.end * scale, y1: mid(src.rank), x2: left + e.start * scale, y2: mid(e.rank),
+                 stroke: "#555", "stroke-width": 0.6, "stroke-opacity": 0.7, class: "ppx-handoff"}, svg);
+    });
+    const axisY = top + rowH * p + 14;
+    for (let i = 0; i <= 4; i++)
+      s("text", {x: left + (width - left - right) * i / 4, y: axisY, "font-size": 10,
+                 "text-anchor": i === 0 ? "start" : i === 4 ? "end" : "middle"}, svg).textContent = timeText(span * i / 4);
+    s("text", {x: left, y: axisY + 14, "font-size": 10}, svg).textContent = caption;
+    box.dataset.span = span;
+    box.dataset.actions = events.length;
+    box.dataset.handoffs = handoffs;
+  }
+
+  // --- schedules with abstract costs (chapter 5's view) ---------------------------------------------
+  function teach() {
+    const name = teachSchedule.value, stats = $("ppx-t-stats"), chart = $("ppx-t-chart");
+    const get = (id, lo, hi) => Math.min(hi, Math.max(lo, Number($(id).value) || lo));
+    const p = Math.round(get("ppx-t-p", 2, 8)), m = Math.round(get("ppx-t-m", 1, 32)), v = Math.round(get("ppx-t-v", 2, 4));
+    const f = get("ppx-t-F", 0.1, 10), i = get("ppx-t-I", 0.1, 10), w = get("ppx-t-W", 0.1, 10);
+    const k = P.stagesPerRank(name, v);
+    $("ppx-t-v").disabled = P.placement(name) !== "loop";
+    chart.replaceChildren();
+    chart.dataset.key = [name, p, m, k === v ? v : k, f, i, w].join("|");
+    const problem = P.scheduleProblem(name, p, m, v);
+    if (problem) { stats.textContent = name + " cannot run this: " + problem; return; }
+    const ord = P.order(name, p, m, v);
+    const events = P.simulate(ord, {F: f / k, I: i / k, W: w / k, B: (i + w) / k});
+    const span = Math.max(...events.map((e) => e.end)) - Math.min(...events.map((e) => e.start));
+    const busy = new Array(p).fill(0);
+    events.forEach((e) => { busy[e.rank] += e.end - e.start; });
+    const bubble = 1 - busy.reduce((a, x) => a + x / span, 0) / p;
+    drawTimeline(chart, events.map((e) => Object.assign({from: -1}, e)), p, span, fmt,
+                 "time, in the cost units of F, I and W (each the cost of a rank's whole share of the model)");
+    const peaks = Object.entries(P.peakInFlight(ord)).map(([st, n]) => `${st}: ${n}`).join(", ");
+    stats.textContent = `step time ${fmt(span)}, bubble ${pct(bubble)} of the step, ${p * k} stages; ` +
+      `peak microbatches held per stage: ${peaks}`;
+    stats.dataset.step = span; stats.dataset.bubble = bubble;
+  }
+
+  // --- wiring ------------------------------------------------------------------------------------
+  let timer = null;
+  function later(fn) { clearTimeout(timer); timer = setTimeout(fn, 250); }
+
+  modelSelect.addEventListener("change", () => { configBox.hidden = modelSelect.value !== CONFIG; plan(); });
+  configBox.addEventListener("input", () => later(plan));
+  gpuSelect.addEventListener("change", () => {
+    fillGpu();
+    intraSelect.value = data.gpus[gpuSelect.value].nvlink; fillLink("intra");
+    plan();
+  });
+  intraSelect.addEventListener("change", () => { fillLink("intra"); plan(); });
+  interSelect.addEventListener("change", () => { fillLink("inter"); plan(); });
+  for (const id of ["ppx-gpu-memory", "ppx-gpu-tflops", "ppx-gpu-bandwidth", "ppx-intra-bandwidth", "ppx-intra-latency",
+                    "ppx-inter-bandwidth", "ppx-inter-latency", "ppx-gpus", "ppx-gpus-per-node", "ppx-global-batch", "ppx-seq-len"])
+    $(id).addEventListener("input", () => later(plan));
+  recipeSelect.addEventListener("change", plan);
+  kernelsSelect.addEventListener("change", plan);
+  teachSection.addEventListener("input", () => later(teach));
+  teachSchedule.addEventListener("change", teach);
+  for (const radio of root.querySelectorAll("input[name=ppx-mode]"))
+    radio.addEventListener("change", () => {
+      planSection.hidden = !$("ppx-mode-plan").checked;
+      teachSection.hidden = !$("ppx-mode-teach").checked;
+    });
+
+  fillGpu(); fillLink("intra"); fillLink("inter");
+  plan();
+  teach();
 })();

@@ -1,0 +1,1160 @@
+/* The book's planner, ported to JavaScript for the planner page of the site (book/explorer.md).
+ *
+ * A line-by-line port of the torch-free Python planner (src/ppbook/planner: schedules.py,
+ * simulate.py, shapes.py, memory.py, traffic.py, costs.py, hardware.py, search.py), so that the
+ * page answers in the reader's browser, offline and from file://, what `python -m ppbook.plan`
+ * answers. The data it starts from (presets, GPUs, links, the H100 measurements, the fitted
+ * efficiencies) is exported by the Python package itself (ppbook.explorer.planner_data), never
+ * typed here. tests/test_explorer.py runs both on a grid of requests and layouts and requires the
+ * same answers (memory, step time, bubble, ranking) to 1e-9.
+ *
+ * Names follow the Python ones (camelCase); each function says which one it ports.
+ */
+(function (root) {
+  "use strict";
+
+  // --- schedules.py ------------------------------------------------------------------------------------
+  var TORCH_SCHEDULES = ["GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble",
+    "ZBVZeroBubble", "DualPipeV"];
+  var PLACEMENT = {"GPipe": "single", "1F1B": "single", "Interleaved1F1B": "loop", "LoopedBFS": "loop",
+    "InterleavedZeroBubble": "loop", "ZBVZeroBubble": "v", "DualPipeV": "v"};
+  var SPLIT_BACKWARD = ["InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"];
+  var NO_PIPELINE = "none";
+
+  function act(stage, kind, mb) { return {stage: stage, kind: kind, microbatch: mb}; }
+
+  function placement(name) {
+    if (!(name in PLACEMENT)) throw new Error("unknown schedule " + name);
+    return PLACEMENT[name];
+  }
+
+  function stagesPerRank(name, v) { return {single: 1, loop: v, v: 2}[placement(name)]; }
+
+  function stageToRank(name, p, v) {
+    var n = p * stagesPerRank(name, v), out = {};
+    for (var s = 0; s < n; s++) out[s] = placement(name) === "v" ? (s < p ? s : 2 * p - 1 - s) : s % p;
+    return out;
+  }
+
+  function stageIndices(name, rank, p, v) {
+    var map = stageToRank(name, p, v), out = [];
+    for (var s = 0; s < p * stagesPerRank(name, v); s++) if (map[s] === rank) out.push(s);
+    return out;
+  }
+
+  function assignLayers(nLayers, numStages) {
+    if (numStages < 1) throw new Error("num_stages must be at least 1");
+    if (nLayers < numStages) throw new Error("cannot give " + numStages + " stages a layer each from " + nLayers);
+    var base = Math.floor(nLayers / numStages), extra = nLayers % numStages, out = [], start = 0;
+    for (var st = 0; st < numStages; st++) {
+      var size = base + (st < extra ? 1 : 0), run = [];
+      for (var i = start; i < start + size; i++) run.push(i);
+      out.push(run);
+      start += size;
+    }
+    return out;
+  }
+
+  // port of schedule_problem: null when torch accepts (p, m, v), else the reason (in the words of
+  // the book's scripts, whose flags it names)
+  function scheduleProblem(name, p, m, v, layers) {
+    if (placement(name) === "loop" && v < 2)
+      return name + " needs at least 2 stages per rank, got --stages-per-rank " + v + "; use 2 or more, or Schedule1F1B";
+    var total = p * stagesPerRank(name, v);
+    if (layers !== undefined && layers !== null && layers < total)
+      return name + " on " + p + " processes has " + total + " stages of at least one layer each, but --layers is " +
+        layers + "; raise --layers to " + total + " or more";
+    if (name === "1F1B" && m < p)
+      return "Schedule1F1B needs at least as many microbatches as stages (" + p + "), got --microbatches " + m +
+        "; use " + p + " or more";
+    if (name === "DualPipeV" && m < total)
+      return "ScheduleDualPipeV needs at least as many microbatches as stages (2 x " + p + " = " + total +
+        "), got --microbatches " + m + "; use " + total + " or more";
+    if (name === "Interleaved1F1B" || name === "InterleavedZeroBubble") {
+      var rounds = Math.max(1, Math.floor(m / p));
+      if (m % rounds) {
+        var ok = [];
+        for (var k = 1; k <= 4 * m; k++) if (k !== m && k % Math.max(1, Math.floor(k / p)) === 0) ok.push(k);
+        // Python's sorted(key=abs(k - m)) is stable: ties keep increasing k
+        ok.sort(function (a, b) { return Math.abs(a - m) - Math.abs(b - m) || a - b; });
+        ok = ok.slice(0, 2).sort(function (a, b) { return a - b; });
+        return "Schedule" + name + " splits the microbatches into m // p = " + rounds + " rounds of equal size, so " +
+          "--microbatches " + m + " must be a multiple of " + rounds + "; try " + ok.join(" or ");
+      }
+    }
+    return null;
+  }
+
+  function gpipeOrder(p, m) {
+    var order = {};
+    for (var r = 0; r < p; r++) {
+      var a = [];
+      for (var i = 0; i < m; i++) a.push(act(r, "F", i));
+      for (i = 0; i < m; i++) a.push(act(r, "B", i));
+      order[r] = a;
+    }
+    return order;
+  }
+
+  function oneFOneBOrder(p, m) {
+    var order = {};
+    for (var r = 0; r < p; r++) {
+      var warmup = Math.min(m, p - r), a = [], i;
+      for (i = 0; i < warmup; i++) a.push(act(r, "F", i));
+      for (i = 0; i < m - warmup; i++) { a.push(act(r, "B", i)); a.push(act(r, "F", warmup + i)); }
+      for (i = m - warmup; i < m; i++) a.push(act(r, "B", i));
+      order[r] = a;
+    }
+    return order;
+  }
+
+  function loopedBfs(rank, p, m, v) {
+    var stages = [], a = [], i, k;
+    for (var s = rank; s < p * v; s += p) stages.push(s);
+    for (k = 0; k < stages.length; k++) for (i = 0; i < m; i++) a.push(act(stages[k], "F", i));
+    for (k = stages.length - 1; k >= 0; k--) for (i = m - 1; i >= 0; i--) a.push(act(stages[k], "B", i));
+    return a;
+  }
+
+  function interleaved(rank, p, m, v, zeroBubble) {
+    var rounds = Math.max(1, Math.floor(m / p)), perRound = Math.floor(m / rounds);
+    var warmup = Math.min((v - 1) * perRound + (zeroBubble ? 1 : 2) * (p - 1 - rank), m * v);
+    var fwdBwd = v * m - warmup, total = warmup + fwdBwd + warmup;
+    function fwdStage(step) { return (Math.floor(step / perRound) % v) * p + rank; }
+    function bwdStage(step) { return (v - 1 - (Math.floor((step - warmup) / perRound) % v)) * p + rank; }
+    var count = {F: [], B: [], I: [], W: []};
+    for (var key in count) for (var j = 0; j < v; j++) count[key].push(0);
+    function take(stage, kind) {
+      var i = count[kind][Math.floor(stage / p)];
+      count[kind][Math.floor(stage / p)] = i + 1;
+      return act(stage, kind, i);
+    }
+    var back = zeroBubble ? "I" : "B", backwardOps = [], weights = 0, acts = [];
+    function maybeWeight(op) {
+      if (zeroBubble && op - warmup >= rank) {
+        acts.push(take(bwdStage(backwardOps[weights]), "W"));
+        weights += 1;
+      }
+    }
+    for (var op = 0; op < total; op++) {
+      if (op < warmup) { acts.push(take(fwdStage(op), "F")); continue; }
+      if (op < warmup + fwdBwd) acts.push(take(fwdStage(op), "F"));
+      acts.push(take(bwdStage(op), back));
+      backwardOps.push(op);
+      maybeWeight(op);
+    }
+    while (zeroBubble && weights < backwardOps.length) {
+      acts.push(take(bwdStage(backwardOps[weights]), "W"));
+      weights += 1;
+    }
+    return acts;
+  }
+
+  function zbv(rank, p, m) {
+    var nMicro = Math.max(2 * p - 1, m), s0 = rank, s1 = 2 * p - 1 - rank, a = [];
+    var f0 = 0, f1 = 0, b0 = 0, b1 = 0, i;
+    for (i = 0; i < 2 * (p - rank) - 1; i++) a.push(act(s0, "F", f0++));
+    for (i = 0; i < rank; i++) { a.push(act(s1, "F", f1++)); a.push(act(s0, "F", f0++)); }
+    for (i = 0; i < p - rank; i++) {
+      a.push(act(s1, "F", f1++)); a.push(act(s1, "I", b1)); a.push(act(s1, "W", b1)); b1++;
+    }
+    while (f1 < f0 || f0 < nMicro) {
+      if (f0 < nMicro) a.push(act(s0, "F", f0++));
+      a.push(act(s0, "I", b0)); a.push(act(s0, "W", b0)); b0++;
+      a.push(act(s1, "F", f1++)); a.push(act(s1, "I", b1)); a.push(act(s1, "W", b1)); b1++;
+    }
+    var w0 = b0, w1 = b1;
+    for (i = 0; i < rank; i++) { a.push(act(s0, "I", b0++)); a.push(act(s1, "I", b1++)); }
+    for (i = 0; i < p - rank; i++) { a.push(act(s0, "I", b0++)); a.push(act(s0, "W", w0++)); }
+    for (i = w1; i < b1; i++) a.push(act(s1, "W", i));
+    for (i = w0; i < b0; i++) a.push(act(s0, "W", i));
+    return a.filter(function (x) { return x.microbatch < m; });
+  }
+
+  function dualpipev(rank, p, m) {
+    var s0 = rank, s1 = 2 * p - 1 - rank, count = {}, queue = [], a = [];
+    function get(key) { return count[key] || 0; }
+    function add(stage, kind) {
+      var key = stage + (kind === "B" ? "I" : kind), i = get(key);
+      a.push(act(stage, kind, i));
+      if (kind === "B") {
+        count[stage + "I"] = i + 1;
+        count[stage + "W"] = get(stage + "W") + 1;
+      } else {
+        if (kind === "I") queue.push([stage, i]);
+        count[key] = i + 1;
+      }
+    }
+    function weight() {
+      if (queue.length) {
+        var x = queue.shift();
+        a.push(act(x[0], "W", x[1]));
+        count[x[0] + "W"] = get(x[0] + "W") + 1;
+      }
+    }
+    function overlap(fwd, bwd) { add(fwd, "F"); add(bwd, "B"); }
+    var i;
+    for (i = 0; i < (p - rank - 1) * 2; i++) add(s0, "F");
+    for (i = 0; i < rank + 1; i++) { add(s0, "F"); add(s1, "F"); }
+    for (i = 0; i < p - rank - 1; i++) { add(s1, "I"); weight(); add(s1, "F"); }
+    for (i = 0; i < m - 2 * p + rank + 1; i++) {
+      if (i === 0 && rank === p - 1) { add(s0, "F"); add(s1, "B"); } else overlap(s0, s1);
+      overlap(s1, s0);
+    }
+    for (i = 0; i < p - rank - 1; i++) { add(s1, "B"); overlap(s1, s0); }
+    var zb = false, half = Math.floor((rank + 1) / 2);
+    for (i = 0; i < rank + 1; i++) {
+      if (i === half && rank % 2 === 1) zb = true;
+      add(s1, zb ? "I" : "B");
+      if (i === half && rank % 2 === 0) zb = true;
+      add(s0, zb ? "I" : "B");
+    }
+    for (i = 0; i < p - rank - 1; i++) { weight(); add(s0, zb ? "I" : "B"); }
+    for (i = 0; i < rank + 1; i++) weight();
+    return a;
+  }
+
+  // port of schedules.order
+  function order(name, p, m, v) {
+    placement(name);
+    var problem = scheduleProblem(name, p, m, v);
+    if (problem) throw new Error(problem);
+    if (name === "GPipe") return gpipeOrder(p, m);
+    if (name === "1F1B") return oneFOneBOrder(p, m);
+    var out = {};
+    for (var r = 0; r < p; r++) {
+      out[r] = name === "LoopedBFS" ? loopedBfs(r, p, m, v) :
+        name === "Interleaved1F1B" ? interleaved(r, p, m, v, false) :
+        name === "InterleavedZeroBubble" ? interleaved(r, p, m, v, true) :
+        name === "ZBVZeroBubble" ? zbv(r, p, m) : dualpipev(r, p, m);
+    }
+    return out;
+  }
+
+  // --- dataflow.py and simulate.py -------------------------------------------------------------------------
+  function key3(stage, kind, mb) { return stage + "|" + kind + "|" + mb; }
+
+  // port of dataflow.waits_on
+  function waitsOn(stage, kind, mb, numStages, has) {
+    if (kind === "F") return stage > 0 ? [stage - 1, "F", mb] : null;
+    if (kind === "B" || kind === "I") {
+      if (stage === numStages - 1) return [stage, "F", mb];
+      var dep = [stage + 1, kind, mb];
+      return has(dep) ? dep : [stage + 1, kind === "B" ? "I" : "B", mb];
+    }
+    if (kind === "W") return [stage, "I", mb];
+    throw new Error("unknown action kind " + kind);
+  }
+
+  // port of simulate.compile_order: rank by rank (ranks in increasing order), in order
+  function compileOrder(ord) {
+    var actions = [], ranks = [], slices = [], rs = Object.keys(ord).map(Number).sort(function (x, y) { return x - y; });
+    rs.forEach(function (r) {
+      slices.push([r, actions.length, actions.length + ord[r].length]);
+      ord[r].forEach(function (a) { actions.push(a); ranks.push(r); });
+    });
+    var index = {}, numStages = 0;
+    actions.forEach(function (a, i) { index[key3(a.stage, a.kind, a.microbatch)] = i; numStages = Math.max(numStages, a.stage + 1); });
+    var has = function (k) { return key3(k[0], k[1], k[2]) in index; };
+    var dep = [], remote = [];
+    actions.forEach(function (a, i) {
+      var d = waitsOn(a.stage, a.kind, a.microbatch, numStages, has);
+      var j = d === null ? -1 : index[key3(d[0], d[1], d[2])];
+      dep.push(j);
+      remote.push(j >= 0 && ranks[j] !== ranks[i]);
+    });
+    return {actions: actions, ranks: ranks, slices: slices, dep: dep, remote: remote};
+  }
+
+  // port of simulate.run
+  function run(c, cost, hop) {
+    var n = c.actions.length, start = new Array(n).fill(0), end = new Array(n).fill(-1);
+    var position = c.slices.map(function (s) { return s[1]; }), freeAt = c.slices.map(function () { return 0; });
+    var remaining = n;
+    while (remaining) {
+      var progressed = false;
+      for (var k = 0; k < c.slices.length; k++) {
+        var hi = c.slices[k][2], i = position[k];
+        while (i < hi) {
+          var j = c.dep[i];
+          if (j >= 0 && end[j] < 0) break;
+          var ready = j < 0 ? 0 : end[j] + (hop && c.remote[i] ? hop[i] : 0);
+          var t = Math.max(freeAt[k], ready);
+          start[i] = t; end[i] = t + cost[i];
+          freeAt[k] = end[i];
+          i += 1; remaining -= 1; progressed = true;
+        }
+        position[k] = i;
+      }
+      if (!progressed) throw new Error("schedule deadlocks");
+    }
+    return [start, end];
+  }
+
+  // port of simulate.peak_in_flight (by stage): the most microbatches each stage holds at once
+  function peakInFlight(ord) {
+    var held = {}, peak = {}, delta = {F: 1, B: -1, W: -1};
+    Object.keys(ord).forEach(function (r) {
+      ord[r].forEach(function (a) {
+        held[a.stage] = (held[a.stage] || 0) + (delta[a.kind] || 0);
+        peak[a.stage] = Math.max(peak[a.stage] || 0, held[a.stage]);
+      });
+    });
+    return peak;
+  }
+
+  // port of simulate.simulate with costs per kind and no latency: events in compile order
+  function simulate(ord, costs) {
+    var c = compileOrder(ord), se = run(c, c.actions.map(function (a) { return costs[a.kind]; }), null);
+    return c.actions.map(function (a, i) {
+      return {rank: c.ranks[i], stage: a.stage, kind: a.kind, microbatch: a.microbatch, start: se[0][i], end: se[1][i]};
+    });
+  }
+
+  // --- shapes.py ----------------------------------------------------------------------------------------------
+  function hd(s) { return s.head_dim || Math.floor(s.hidden / s.heads); }
+  function isMoe(s) { return s.experts > 0; }
+  function isMla(s) { return s.kv_lora_rank > 0; }
+  function normParams(s, width) { return width * (s.norm === "layer" ? 2 : 1); }
+
+  function attentionParameters(s) {
+    var h = s.hidden;
+    if (isMla(s)) {
+      var qHead = s.qk_nope_dim + s.qk_rope_dim;
+      var q = s.q_lora_rank ? h * s.q_lora_rank + s.q_lora_rank + s.q_lora_rank * s.heads * qHead : h * s.heads * qHead;
+      var kv = h * (s.kv_lora_rank + s.qk_rope_dim) + s.kv_lora_rank + s.kv_lora_rank * s.heads * (s.qk_nope_dim + s.v_head_dim);
+      return q + kv + s.heads * s.v_head_dim * h;
+    }
+    var qq = s.heads * hd(s), kvw = s.kv_heads * hd(s);
+    var weights = h * qq + 2 * h * kvw + qq * h;
+    var biases = s.bias ? (qq + 2 * kvw + h) : (s.qkv_bias ? (qq + 2 * kvw) : 0);
+    return weights + biases;
+  }
+
+  function mlpParameters(s, width) {
+    var h = s.hidden;
+    if (s.mlp === "swiglu") return 3 * h * width + (s.bias ? 2 * width + h : 0);
+    return 2 * h * width + (s.bias ? width + h : 0);
+  }
+
+  function layerParameters(s, index) {
+    var norms = 2 * normParams(s, s.hidden);
+    if (isMoe(s) && index >= s.dense_layers) {
+      var router = s.hidden * s.experts + (s.router_bias ? s.experts : 0);
+      var experts = (s.experts + s.shared_experts) * mlpParameters(s, s.expert_ffn);
+      return norms + attentionParameters(s) + router + experts;
+    }
+    return norms + attentionParameters(s) + mlpParameters(s, s.ffn);
+  }
+
+  function activeLayerParameters(s, index) {
+    if (!(isMoe(s) && index >= s.dense_layers)) return layerParameters(s, index);
+    var norms = 2 * normParams(s, s.hidden);
+    var used = (s.top_k + s.shared_experts) * mlpParameters(s, s.expert_ffn);
+    return norms + attentionParameters(s) + s.hidden * s.experts + used;
+  }
+
+  function embeddingParameters(s) {
+    var h = s.hidden;
+    return s.vocab * h + (s.position === "learned" ? s.max_positions * h : 0) + (s.embed_norm ? normParams(s, h) : 0);
+  }
+
+  function headParameters(s) { return normParams(s, s.hidden) + s.vocab * s.hidden; }
+
+  function totalParameters(s) {
+    var head = headParameters(s) - (s.tied ? s.vocab * s.hidden : 0), t = embeddingParameters(s);
+    for (var i = 0; i < s.layers; i++) t += layerParameters(s, i);
+    return t + head;
+  }
+
+  function activeParameters(s) {
+    var head = headParameters(s) - (s.tied ? s.vocab * s.hidden : 0), t = embeddingParameters(s);
+    for (var i = 0; i < s.layers; i++) t += activeLayerParameters(s, i);
+    return t + head;
+  }
+
+  var SHAPE_DEFAULTS = {tied: false, mlp: "swiglu", norm: "rms", bias: false, qkv_bias: false, position: "rope",
+    max_positions: 0, embed_norm: false, head_dim: 0, experts: 0, top_k: 0, expert_ffn: 0, shared_experts: 0,
+    dense_layers: 0, router_bias: false, q_lora_rank: 0, kv_lora_rank: 0, qk_rope_dim: 0, qk_nope_dim: 0,
+    v_head_dim: 0, published_params: 0, source: ""};
+
+  function shape(fields) {
+    var s = {};
+    for (var k in SHAPE_DEFAULTS) s[k] = SHAPE_DEFAULTS[k];
+    for (k in fields) s[k] = fields[k];
+    return s;
+  }
+
+  // port of shapes.from_hf_config
+  function fromHfConfig(c, name) {
+    name = name || "config.json";
+    var kind = ("model_type" in c ? (c.model_type === null ? "none" : String(c.model_type)) : "llama").toLowerCase();
+    function found(k) { return c[k] !== undefined && c[k] !== null; }
+    function get(keys, dflt) {
+      for (var i = 0; i < keys.length; i++) if (found(keys[i])) return c[keys[i]];
+      if (dflt !== undefined && dflt !== null) return dflt;
+      throw new Error(name + ": no '" + keys.join("' or '") + "' (model_type '" + kind + "'); give a Hugging Face config.json of a decoder-only transformer");
+    }
+    function whole(keys, dflt) {
+      var value = get(keys, dflt);
+      if (typeof value !== "number" || !Number.isInteger(value)) {
+        var key = keys.filter(found)[0] || keys[0];
+        throw new Error(name + ": '" + key + "' must be a whole number, got " + JSON.stringify(value));
+      }
+      return value;
+    }
+    var hidden = whole(["hidden_size", "n_embd", "n_embed", "d_model"]);
+    var layers = whole(["num_hidden_layers", "n_layer", "num_layers"]);
+    var heads = whole(["num_attention_heads", "n_head", "num_heads"]);
+    var kv = whole(["num_key_value_heads", "multi_query_group_num"], heads);
+    var vocab = whole(["vocab_size", "padded_vocab_size"]);
+    var tied = !!get(["tie_word_embeddings"], ["gpt2", "bloom", "opt"].indexOf(kind) >= 0);
+    if (["gpt2", "gpt_neox", "bloom", "opt", "gpt_bigcode"].indexOf(kind) >= 0) {
+      var ffn = whole(["ffn_dim", "intermediate_size", "n_inner"], 4 * hidden) || 4 * hidden;
+      var position = {bloom: "alibi", gpt_neox: "rope"}[kind] || "learned";
+      var maxPos = whole(["n_positions", "max_position_embeddings"], 2048) + (kind === "opt" ? 2 : 0);
+      return validateShape(shape({name: name, vocab: vocab, hidden: hidden, layers: layers, heads: heads, kv_heads: kv,
+        ffn: ffn, tied: tied, mlp: "gelu", norm: "layer", bias: true, position: position,
+        max_positions: position === "learned" ? maxPos : 0, embed_norm: kind === "bloom"}));
+    }
+    var f = whole(["intermediate_size", "ffn_hidden_size"]);
+    var headDim = (found("head_dim") && c.head_dim !== Math.floor(hidden / heads)) ? (+c.head_dim || 0) : 0;
+    var s = shape({name: name, vocab: vocab, hidden: hidden, layers: layers, heads: heads, kv_heads: kv, ffn: f,
+      tied: tied, head_dim: headDim, qkv_bias: !!(c.attention_bias || kind.indexOf("qwen2") === 0), bias: !!c.mlp_bias});
+    var experts = whole(["num_local_experts", "n_routed_experts", "num_experts"], 0);
+    if (experts) {
+      s.experts = experts; s.top_k = whole(["num_experts_per_tok", "moe_topk"]);
+      s.expert_ffn = whole(["moe_intermediate_size"], f); s.shared_experts = whole(["n_shared_experts"], 0);
+      s.dense_layers = whole(["first_k_dense_replace"], 0); s.router_bias = kind === "deepseek_v3";
+    }
+    if (c.kv_lora_rank) {
+      s.q_lora_rank = whole(["q_lora_rank"], 0); s.kv_lora_rank = whole(["kv_lora_rank"]);
+      s.qk_rope_dim = whole(["qk_rope_head_dim"]); s.qk_nope_dim = whole(["qk_nope_head_dim"]); s.v_head_dim = whole(["v_head_dim"]);
+    }
+    return validateShape(s);
+  }
+
+  // port of shapes.validate
+  function validateShape(s) {
+    ["vocab", "hidden", "layers", "heads", "kv_heads", "ffn"].forEach(function (f) {
+      if (!(s[f] >= 1)) throw new Error(s.name + ": " + f + " must be at least 1, got " + s[f]);
+    });
+    if (!isMla(s) && !s.head_dim && s.hidden % s.heads)
+      throw new Error(s.name + ": hidden size " + s.hidden + " is not divisible by " + s.heads + " heads");
+    if (s.heads % s.kv_heads)
+      throw new Error(s.name + ": " + s.heads + " heads are not a multiple of " + s.kv_heads + " key/value heads");
+    if (isMoe(s) && !(s.top_k > 0 && s.top_k <= s.experts))
+      throw new Error(s.name + ": top_k " + s.top_k + " must be between 1 and the " + s.experts + " experts");
+    return s;
+  }
+
+  // --- hardware.py and traffic.py -------------------------------------------------------------------------------
+  function allreduceBytes(nbytes, n) { return 2 * (n - 1) / n * nbytes; }
+  function gatherBytes(nbytes, n) { return (n - 1) / n * nbytes; }
+  function linkTime(link, nbytes) { return link.latency + nbytes / link.bandwidth; }
+  function linkAllreduce(link, nbytes, n) {
+    return n <= 1 ? 0 : 2 * (n - 1) * link.latency + allreduceBytes(nbytes, n) / link.bandwidth;
+  }
+  function linkGather(link, nbytes, n) {
+    return n <= 1 ? 0 : (n - 1) * link.latency + gatherBytes(nbytes, n) / link.bandwidth;
+  }
+  function boundaryBytes(b, s, h, dt) { return b * s * h * dt; }
+
+  // --- memory.py ----------------------------------------------------------------------------------------------------
+  var GB = 1e9, SHARDING = ["none", "zero1", "zero2", "fsdp"], RECOMPUTE = ["none", "selective", "full"];
+  var KERNELS = ["fused", "unfused", "book"];
+  var RECIPES = {"bf16": [2, 4, 4, 8, 2], "bf16-grads": [2, 4, 2, 8, 2], "fp32": [4, 0, 4, 8, 4]};
+  function recipe(name) {
+    var r = RECIPES[name];
+    return {name: name, weight_bytes: r[0], master_bytes: r[1], grad_bytes: r[2], moment_bytes: r[3],
+      activation_bytes: r[4], optimizer_bytes: r[1] + r[3]};
+  }
+
+  function stateBytes(params, r, mode, d, gathered, unsharded) {
+    gathered = gathered || 0; unsharded = unsharded || 0;
+    if (mode === "none" || (d === 1 && mode !== "fsdp"))
+      return {parameters: params * r.weight_bytes, gradients: params * r.grad_bytes, optimizer: params * r.optimizer_bytes};
+    if (mode === "zero1")
+      return {parameters: params * r.weight_bytes, gradients: params * r.grad_bytes, optimizer: params * r.optimizer_bytes / d};
+    if (mode === "zero2")
+      return {parameters: params * r.weight_bytes, gradients: params * r.grad_bytes / d, optimizer: params * r.optimizer_bytes / d};
+    var shard = Math.max(r.master_bytes, r.weight_bytes);
+    return {parameters: params * shard / d + gathered * r.weight_bytes,
+      gradients: params * r.grad_bytes / d + unsharded * r.grad_bytes, optimizer: params * r.moment_bytes / d};
+  }
+  function total3(s) { return s.parameters + s.gradients + s.optimizer; }
+
+  function fsdpGathered(blockParams, rootParams, blocks, pipelined) {
+    var total = blocks * blockParams + rootParams;
+    if (pipelined) return [total, total];
+    return [rootParams + Math.min(blocks, 2) * blockParams, blockParams + rootParams];
+  }
+
+  function attentionWidths(s) {
+    if (isMla(s)) {
+      var qk = s.heads * (s.qk_nope_dim + s.qk_rope_dim);
+      return [qk, qk, s.heads * s.v_head_dim, s.heads * s.v_head_dim];
+    }
+    return [s.heads * hd(s), s.kv_heads * hd(s), s.kv_heads * hd(s), s.heads * hd(s)];
+  }
+
+  function mlpValues(s, width, kernels) {
+    if (s.mlp === "swiglu") return kernels === "book" ? 4 * width : 3 * width;
+    return 2 * width;
+  }
+
+  // port of memory.layer_activation_values: [values in the activation dtype, float32 values] per token
+  function layerActivationValues(s, kernels, recompute, moeLayer, seqLen) {
+    var h = s.hidden, w = attentionWidths(s), q = w[0], k = w[1], v = w[2], out = w[3];
+    var width = moeLayer ? s.expert_ffn : s.ffn;
+    var routed = moeLayer ? s.top_k + s.shared_experts : 1;
+    var router = moeLayer ? s.experts : 0, dispatched = moeLayer ? s.top_k * h : 0, lse = s.heads;
+    if (recompute === "full") return [h, 0];
+    if (recompute === "selective") {
+      if (s.mlp === "swiglu") return [h + q + v + out + routed * width + h + router + dispatched, lse];
+      return [h + q + k + v + out + routed * width + router + dispatched, lse];
+    }
+    var stats = s.norm === "rms" ? 2 : 4;
+    var mlp = routed * mlpValues(s, width, kernels) + router + dispatched;
+    if (kernels === "book") return [11 * h + mlp + 2, lse];
+    var fused = 4 * h + q + k + v + out + mlp;
+    if (kernels === "unfused") return [fused + 2.5 * s.heads * seqLen + h, stats];
+    return [fused, stats + lse];
+  }
+
+  function valuesBytes(vals, tokens, dt) { return tokens * (vals[0] * dt + vals[1] * Math.max(4, dt)); }
+
+  function layerActivationBytes(s, tokens, dt, kernels, recompute, moeLayer, seqLen) {
+    return valuesBytes(layerActivationValues(s, kernels, recompute, moeLayer, seqLen), tokens, dt);
+  }
+
+  function replicatedValues(s, kernels, recompute) {
+    if (recompute === "full") return s.hidden;
+    if (recompute === "selective") return 2 * s.hidden;
+    return 4 * s.hidden + (kernels === "unfused" ? s.hidden : 0);
+  }
+
+  function recomputeTransientBytes(s, tokens, dt, kernels, recompute, seqLen) {
+    if (recompute === "none") return 0;
+    var moe = isMoe(s) && s.dense_layers < s.layers;
+    return layerActivationBytes(s, tokens, dt, kernels, "none", moe, seqLen) -
+      layerActivationBytes(s, tokens, dt, kernels, recompute, moe, seqLen);
+  }
+
+  function logitsBytes(s, tokens, dt, lossDt) { return tokens * s.vocab * (dt + (lossDt === undefined ? 4 : lossDt)); }
+  function lossBackwardBytes(s, tokens) { return 2 * tokens * s.vocab * 4; }
+
+  function countMoe(s, layers) {
+    var n = 0;
+    layers.forEach(function (i) { if (isMoe(s) && i >= s.dense_layers) n += 1; });
+    return n;
+  }
+
+  function stageActivationBytes(s, layers, tokens, first, last, dt, kernels, recompute, seqLen) {
+    var moe = countMoe(s, layers);
+    var total = (layers.length - moe) * layerActivationBytes(s, tokens, dt, kernels, recompute, false, seqLen);
+    if (moe) total += moe * layerActivationBytes(s, tokens, dt, kernels, recompute, true, seqLen);
+    if (first) total += tokens * 8;
+    if (last) {
+      var norm = kernels === "book" ? [3 * s.hidden + 1, 0] : [s.hidden, s.norm === "rms" ? 1 : 2];
+      total += valuesBytes(norm, tokens, dt);
+    }
+    return total;
+  }
+
+  function blockResidualValues(s) { return [6 * s.hidden + 2, s.heads]; }
+
+  function stageParameters(s, layers, first, last) {
+    var moe = countMoe(s, layers);
+    var blocks = (layers.length - moe) * layerParameters(s, 0) + (moe ? moe * layerParameters(s, s.layers - 1) : 0);
+    return blocks + (first ? embeddingParameters(s) : 0) + (last ? headParameters(s) : 0);
+  }
+
+  // --- costs.py -------------------------------------------------------------------------------------------------------
+  var DATA = {measured_rows: [], efficiency: {}, efficiency_range: [0.2, 0.85], measured_gpu: "h100-sxm",
+    attention_backward: 2.5, presets: {}};
+
+  function layerFlops(s, tokens, seqLen, moeLayer) {
+    var w = attentionWidths(s), q = w[0], v = w[2];
+    var mm = attentionParameters(s);
+    if (moeLayer) mm += (s.top_k + s.shared_experts) * mlpParameters(s, s.expert_ffn) + s.hidden * s.experts;
+    else mm += mlpParameters(s, s.ffn);
+    var products = 2.0 * tokens * mm, attention = tokens * seqLen * (q + v);
+    return {F: products + attention, I: products + DATA.attention_backward * attention, W: products};
+  }
+
+  function headFlops(s, tokens) {
+    var products = 2.0 * tokens * s.hidden * s.vocab;
+    return {F: products, I: products, W: products};
+  }
+
+  function efficiency(kind, hidden) {
+    var ab = DATA.efficiency[kind], lo = DATA.efficiency_range[0], hi = DATA.efficiency_range[1];
+    return Math.min(hi, Math.max(lo, ab[0] + ab[1] * Math.log2(hidden / 4096)));
+  }
+
+  function sameBlock(a, b) {
+    return ["hidden", "heads", "kv_heads", "ffn", "mlp", "norm", "experts", "kv_lora_rank"].every(function (k) { return a[k] === b[k]; });
+  }
+
+  function measured(s, part, seqLen, b) {
+    for (var i = 0; i < DATA.measured_rows.length; i++) {
+      var r = DATA.measured_rows[i], preset = DATA.presets[r.model];
+      if (preset && sameBlock(preset, s) && r.part === part && r.seq_len === seqLen && r.microbatch === b &&
+          (part === "block" || preset.vocab === s.vocab))
+        return {F: r.F_ms / 1e3, I: r.I_ms / 1e3, W: r.W_ms_est / 1e3, measured: true};
+    }
+    return null;
+  }
+
+  function layerCosts(s, gpu, b, seqLen, moeLayer, measuredOk) {
+    if (measuredOk && gpu.name === DATA.measured_gpu && !moeLayer) {
+      var hit = measured(s, "block", seqLen, b);
+      if (hit) return hit;
+    }
+    var f = layerFlops(s, b * seqLen, seqLen, moeLayer), peak = gpu.bf16_tflops * 1e12;
+    return {F: f.F / (peak * efficiency("F", s.hidden)), I: f.I / (peak * efficiency("I", s.hidden)),
+      W: f.W / (peak * efficiency("W", s.hidden)), measured: false};
+  }
+
+  function headCosts(s, gpu, b, seqLen, measuredOk) {
+    if (measuredOk && gpu.name === DATA.measured_gpu) {
+      var hit = measured(s, "head+loss", seqLen, b);
+      if (hit) return hit;
+    }
+    var f = headFlops(s, b * seqLen), peak = gpu.bf16_tflops * 1e12;
+    return {F: f.F / (peak * efficiency("head_F", s.hidden)), I: f.I / (peak * efficiency("head_I", s.hidden)),
+      W: f.W / (peak * efficiency("head_W", s.hidden)), measured: false};
+  }
+
+  // --- search.py ------------------------------------------------------------------------------------------------------
+  // Python's round(): half to even
+  function pyRound(x) {
+    var f = Math.floor(x), diff = x - f;
+    if (diff > 0.5) return f + 1;
+    if (diff < 0.5) return f;
+    return f % 2 === 0 ? f : f + 1;
+  }
+
+  function numStages(L) { return L.p * (L.schedule === NO_PIPELINE ? 1 : stagesPerRank(L.schedule, L.v)); }
+
+  function label(L) {
+    var pipe = L.schedule === NO_PIPELINE ? "no pipeline" : L.schedule + " p=" + L.p + (L.v > 1 ? " v=" + L.v : "");
+    var ends = L.balance === "ends" && L.p > 1 ? " ends" : "";
+    return "tp=" + L.tp + " " + pipe + ends + " dp=" + L.dp + " " + L.sharding + " b=" + L.b + " m=" + L.m +
+      " recompute=" + L.recompute;
+  }
+
+  function layout(tp, p, dp, schedule, v, b, m, sharding, recompute, balance) {
+    return {tp: tp, p: p, dp: dp, schedule: schedule, v: v, b: b, m: m, sharding: sharding, recompute: recompute,
+      balance: balance || "even"};
+  }
+
+  function usableBytes(req) { return req.gpu.memory_gb * GB * (1 - req.headroom); }
+
+  function Planner(req) {
+    // req: {model, gpu, gpus, gpus_per_node, global_batch, seq_len, intra, inter, recipe, kernels,
+    //       sequence_parallel, headroom, tps, max_p, max_v, max_microbatch_size, microbatch_sizes,
+    //       schedules, shardings, recomputes, balances, measured_costs}
+    var defaults = {recipe: "bf16", kernels: "fused", sequence_parallel: true, headroom: 0.1, tps: [], max_p: 32,
+      max_v: 4, max_microbatch_size: 8, microbatch_sizes: [], schedules: TORCH_SCHEDULES, shardings: SHARDING,
+      recomputes: RECOMPUTE, balances: ["even", "ends"], measured_costs: true};
+    for (var k in defaults) if (req[k] === undefined) req[k] = defaults[k];
+    this.req = req;
+    this.cache = {};
+  }
+
+  Planner.prototype.cached = function (name, key, fn) {
+    var c = this.cache[name] || (this.cache[name] = {});
+    if (!(key in c)) c[key] = fn();
+    return c[key];
+  };
+
+  Planner.prototype.endWeights = function () {
+    var self = this;
+    return this.cached("ends", "", function () {
+      var s = self.req.model, perLayer = layerParameters(s, s.layers - 1);
+      var first = pyRound(embeddingParameters(s) / perLayer);
+      var head = headCosts(s, self.req.gpu, 1, self.req.seq_len, self.req.measured_costs);
+      var layer = layerCosts(s, self.req.gpu, 1, self.req.seq_len, isMoe(s), self.req.measured_costs);
+      var last = pyRound((head.F + (head.I + head.W)) / (layer.F + (layer.I + layer.W)));
+      return [first, last];
+    });
+  };
+
+  function stageLayers(nLayers, nStages, firstLess, lastLess) {
+    var out, i;
+    if (nStages === 1) { out = []; for (i = 0; i < nLayers; i++) out.push(i); return [out]; }
+    var units = nLayers + firstLess + lastLess;
+    var sizes = assignLayers(units, nStages).map(function (x) { return x.length; });
+    sizes[0] = Math.max(1, sizes[0] - firstLess);
+    sizes[nStages - 1] = Math.max(1, sizes[nStages - 1] - lastLess);
+    var sum = sizes.reduce(function (a, b) { return a + b; }, 0), missing = nLayers - sum, idx = 1;
+    while (missing > 0 && nStages > 2) {
+      sizes[idx] += 1; missing -= 1;
+      idx = idx + 1 < nStages - 1 ? idx + 1 : 1;
+    }
+    if (missing) sizes[0] += missing;
+    sum = sizes.reduce(function (a, b) { return a + b; }, 0);
+    if (sum !== nLayers || Math.min.apply(null, sizes) < 1) return assignLayers(nLayers, nStages);
+    out = []; var start = 0;
+    sizes.forEach(function (n) { var r = []; for (var j = start; j < start + n; j++) r.push(j); out.push(r); start += n; });
+    return out;
+  }
+
+  Planner.prototype.layersOf = function (nStagesValue, balance) {
+    var self = this;
+    return this.cached("layers", nStagesValue + "|" + balance, function () {
+      var fl = balance === "ends" ? self.endWeights() : [0, 0];
+      return stageLayers(self.req.model.layers, nStagesValue, fl[0], fl[1]);
+    });
+  };
+
+  Planner.prototype.tensorParallelSizes = function () {
+    var req = this.req, s = req.model, opts = req.tps.length ? req.tps : [];
+    if (!opts.length) for (var k = 0; k < 8; k++) if (Math.pow(2, k) <= req.gpus_per_node) opts.push(Math.pow(2, k));
+    return opts.filter(function (t) {
+      return req.gpus % t === 0 && t <= req.gpus_per_node && s.heads % t === 0 && (isMla(s) || s.kv_heads % t === 0) && s.ffn % t === 0;
+    });
+  };
+
+  Planner.prototype.candidates = function () {
+    var req = this.req, out = [], tps = this.tensorParallelSizes();
+    var bs = req.microbatch_sizes.length ? req.microbatch_sizes : [1, 2, 4, 8, 16, 32].filter(function (x) { return x <= req.max_microbatch_size; });
+    tps.forEach(function (tp) {
+      var ranks = req.gpus / tp;
+      for (var p = 1; p <= ranks; p++) {
+        if (ranks % p || p > Math.min(req.model.layers, req.max_p)) continue;
+        var dp = ranks / p;
+        bs.forEach(function (b) {
+          if (req.global_batch % (dp * b)) return;
+          var m = req.global_batch / (dp * b);
+          var names = p === 1 ? [NO_PIPELINE] : req.schedules;
+          names.forEach(function (name) {
+            var kind = name === NO_PIPELINE ? "single" : placement(name), vs = [];
+            if (kind === "loop") for (var v = 2; v <= req.max_v; v++) vs.push(v);
+            else vs.push(kind === "v" ? 2 : 1);
+            vs.forEach(function (v) {
+              (dp > 1 ? req.shardings : ["none"]).forEach(function (sharding) {
+                req.recomputes.forEach(function (recompute) {
+                  (p > 1 ? req.balances : ["even"]).forEach(function (balance) {
+                    out.push(layout(tp, p, dp, name, v, b, m, sharding, recompute, balance));
+                  });
+                });
+              });
+            });
+          });
+        });
+      }
+    });
+    return out;
+  };
+
+  // port of memory.kernels_problem
+  function kernelsProblem(s, kernels) {
+    if (KERNELS.indexOf(kernels) < 0) return "unknown kernels '" + kernels + "'; use one of " + KERNELS.join(", ");
+    if (kernels === "book" && (s.mlp !== "swiglu" || s.norm !== "rms" || isMla(s)))
+      return s.name + ": kernels 'book' counts the book's own Llama block, tensor by tensor, and this model's " +
+        "blocks are not Llama-style; use kernels 'fused' or 'unfused'";
+    return null;
+  }
+
+  // port of request_problem: why no layout of the request can be planned, or null
+  Planner.prototype.requestProblem = function () {
+    return kernelsProblem(this.req.model, this.req.kernels) || this.divisibilityProblem();
+  };
+
+  // port of divisibility_problem: why no layout divides the global batch, or null
+  Planner.prototype.divisibilityProblem = function () {
+    var req = this.req, tps = this.tensorParallelSizes(), dps = {};
+    if (!tps.length)
+      return "no tensor-parallel size divides both the " + req.gpus + " GPUs and the model's " + req.model.heads +
+        " heads / " + req.model.kv_heads + " key/value heads / MLP width " + req.model.ffn + "; use another number of GPUs";
+    tps.forEach(function (tp) {
+      var ranks = Math.floor(req.gpus / tp);
+      for (var p = 1; p <= ranks; p++) if (ranks % p === 0 && p <= Math.min(req.model.layers, req.max_p)) dps[ranks / p] = true;
+    });
+    var list = Object.keys(dps).map(Number).sort(function (a, b) { return a - b; });
+    if (list.some(function (dp) { return req.global_batch % dp === 0; })) return null;
+    var smallest = list[0];
+    return "--global-batch " + req.global_batch + " is not a multiple of any data-parallel size these GPUs allow (" +
+      list.join(", ") + "); use a multiple of " + smallest + ", e.g. " + Math.ceil(req.global_batch / smallest) * smallest;
+  };
+
+  Planner.prototype.constraintProblem = function (L) {
+    if (L.schedule === NO_PIPELINE) return null;
+    return scheduleProblem(L.schedule, L.p, L.m, L.v, this.req.model.layers);
+  };
+
+  Planner.prototype.order = function (name, p, m, v) {
+    var self = this;
+    return this.cached("order", name + "|" + p + "|" + m + "|" + v, function () {
+      return name === NO_PIPELINE ? oneFOneBOrder(1, m) : order(name, p, m, v);
+    });
+  };
+
+  Planner.prototype.compiled = function (name, p, m, v) {
+    var self = this;
+    return this.cached("compiled", name + "|" + p + "|" + m + "|" + v, function () { return compileOrder(self.order(name, p, m, v)); });
+  };
+
+  var SIMULATED_ACTIONS = 4000;
+
+  // port of _simulated_ms
+  function simulatedMs(L) {
+    var perMicrobatch = numStages(L) * (SPLIT_BACKWARD.indexOf(L.schedule) >= 0 ? 3 : 2);
+    if (L.schedule === NO_PIPELINE || L.m < 2 * L.p || L.m * perMicrobatch <= SIMULATED_ACTIONS) return [L.m];
+    return [2 * L.p, 3 * L.p];
+  }
+
+  // port of _extrapolate
+  function extrapolate(points, m, leastSlope) {
+    if (points.length === 1) return points[0][1];
+    var m1 = points[0][0], y1 = points[0][1], m2 = points[1][0], y2 = points[1][1], slope = (y2 - y1) / (m2 - m1);
+    return y2 + (leastSlope === undefined ? slope : Math.max(slope, leastSlope)) * (m - m2);
+  }
+
+  Planner.prototype.inFlight = function (name, p, m, v) {
+    var self = this;
+    return this.cached("inflight", name + "|" + p + "|" + m + "|" + v, function () {
+      var ord = self.order(name, p, m, v), out = [];
+      Object.keys(ord).map(Number).sort(function (a, b) { return a - b; }).forEach(function (rank) {
+        var set = {};
+        ord[rank].forEach(function (a) { set[a.stage] = true; });
+        var stages = Object.keys(set).map(Number).sort(function (a, b) { return a - b; });
+        var local = {};
+        stages.forEach(function (s, i) { local[s] = i; });
+        var held = stages.map(function () { return 0; }), residual = held.slice();
+        var total = 0, best = 0, bestHeld = held.slice(), bestResidual = residual.slice();
+        ord[rank].forEach(function (a) {
+          if (a.kind === "F") {
+            held[local[a.stage]] += 1; total += 1;
+            if (total >= best) { best = total; bestHeld = held.slice(); bestResidual = residual.slice(); }
+          } else if (a.kind === "B" || a.kind === "W") {
+            var i = local[a.stage];
+            held[i] -= 1; total -= 1;
+            if (a.kind === "W") residual[i] += 1;
+          }
+        });
+        out.push(stages.map(function (s, i) { return [s, bestHeld[i], bestResidual[i]]; }));
+      });
+      return out;
+    });
+  };
+
+  Planner.prototype.selectiveShare = function (moe) {
+    var s = this.req.model, w = attentionWidths(s), k = w[1], out = w[3], h = s.hidden;
+    var width = moe ? s.expert_ffn : s.ffn, routed = moe ? s.top_k + s.shared_experts : 1, redone;
+    if (s.mlp === "swiglu") redone = h * k + out * h + routed * h * width;
+    else redone = out * h + routed * width * h;
+    var flops = layerFlops(s, 1, 1, moe).F;
+    return Math.min(1.0, 2 * redone / flops);
+  };
+
+  // port of _stage_costs_cached: {stage|kind: seconds}, estimated
+  Planner.prototype.stageCosts = function (tp, nStagesValue, balance, b, recompute) {
+    var self = this;
+    return this.cached("stagecosts", [tp, nStagesValue, balance, b, recompute].join("|"), function () {
+      var req = self.req, s = req.model, layers = self.layersOf(nStagesValue, balance);
+      var dense = layerCosts(s, req.gpu, b, req.seq_len, false, req.measured_costs);
+      var moe = isMoe(s) ? layerCosts(s, req.gpu, b, req.seq_len, true, req.measured_costs) : dense;
+      var head = headCosts(s, req.gpu, b, req.seq_len, req.measured_costs);
+      var estimated = !(dense.measured && head.measured);
+      var actBytes = recipe(req.recipe).activation_bytes, tpHalf = 0;
+      if (tp > 1) tpHalf = 2 * linkAllreduce(req.intra, boundaryBytes(b, req.seq_len, s.hidden, actBytes), tp);
+      var redo = {false: {none: 0, full: dense.F, selective: dense.F * self.selectiveShare(false)},
+        true: {none: 0, full: moe.F, selective: moe.F * self.selectiveShare(true)}};
+      var out = {}, n = layers.length;
+      layers.forEach(function (owned, st) {
+        var f = 0, i = 0, w = 0, nMoe = countMoe(s, owned);
+        [[false, owned.length - nMoe], [true, nMoe]].forEach(function (pair) {
+          var isM = pair[0], count = pair[1];
+          if (count) {
+            var c = isM ? moe : dense;
+            f += count * (c.F / tp + tpHalf);
+            i += count * ((c.I + redo[isM][recompute]) / tp + tpHalf);
+            w += count * c.W / tp;
+          }
+        });
+        if (st === n - 1) { f = f + head.F / tp; i = i + head.I / tp; w = w + head.W / tp; }
+        out[st + "F"] = f; out[st + "I"] = i; out[st + "W"] = w; out[st + "B"] = i + w;
+      });
+      return {costs: out, estimated: estimated};
+    });
+  };
+
+  Planner.prototype.owned = function (L, rank) {
+    return L.schedule === NO_PIPELINE ? [0] : stageIndices(L.schedule, rank, L.p, L.v);
+  };
+
+  Planner.prototype.tables = function (nStagesValue, balance, b, recompute, tp) {
+    var self = this;
+    return this.cached("tables", [nStagesValue, balance, b, recompute, tp].join("|"), function () {
+      var req = self.req, s = req.model, layers = self.layersOf(nStagesValue, balance);
+      var dt = recipe(req.recipe).activation_bytes, tokens = b * req.seq_len, n = layers.length;
+      var whole = (req.sequence_parallel || tp === 1) ? 0 :
+        replicatedValues(s, req.kernels, recompute) * tokens * dt * (1 - 1 / tp);
+      var t = {per_mb: [], residual: [], params: [], block_params: [], blocks: []};
+      layers.forEach(function (owned, st) {
+        t.per_mb.push(stageActivationBytes(s, owned, tokens, st === 0, st === n - 1, dt, req.kernels, recompute, req.seq_len) / tp + owned.length * whole);
+        t.residual.push(owned.length * valuesBytes(blockResidualValues(s), tokens, dt) / tp);
+        t.params.push(stageParameters(s, owned, st === 0, st === n - 1) / tp);
+        t.block_params.push(stageParameters(s, owned, false, false) / tp);
+        t.blocks.push(owned.length);
+      });
+      return t;
+    });
+  };
+
+  Planner.prototype.rankActivations = function (schedule, p, m, v, b, balance, recompute, tp) {
+    var self = this;
+    return this.cached("rankacts", [schedule, p, m, v, b, balance, recompute, tp].join("|"), function () {
+      var req = self.req, s = req.model;
+      var nS = p * (schedule === NO_PIPELINE ? 1 : stagesPerRank(schedule, v));
+      var t = self.tables(nS, balance, b, recompute, tp);
+      var dt = recipe(req.recipe).activation_bytes, tokens = b * req.seq_len;
+      var split = SPLIT_BACKWARD.indexOf(schedule) >= 0;
+      var logits = logitsBytes(s, tokens, dt) / tp, lossBwd = lossBackwardBytes(s, tokens) / tp;
+      var transient = recomputeTransientBytes(s, tokens, dt, req.kernels, recompute, req.seq_len) / tp;
+      var ms = simulatedMs(layout(tp, p, 1, schedule, v, b, m, "none", recompute, balance));
+      var peaks = ms.map(function (mm) { return self.inFlight(schedule, p, mm, v); });
+      var out = [];
+      for (var rank = 0; rank < p; rank++) {
+        var actsPoints = [], logitPoints = [];
+        ms.forEach(function (mm, k) {
+          var acts = 0, last = 0;
+          peaks[k][rank].forEach(function (e) {
+            acts += e[1] * t.per_mb[e[0]] + (split ? e[2] * t.residual[e[0]] : 0);
+            if (e[0] === nS - 1) last += e[1];
+          });
+          actsPoints.push([mm, acts]);
+          logitPoints.push([mm, last * logits]);
+        });
+        var holdsLast = peaks[0][rank].some(function (e) { return e[0] === nS - 1; });
+        out.push([extrapolate(actsPoints, m) + transient, extrapolate(logitPoints, m) + (holdsLast ? lossBwd : 0)]);
+      }
+      return out;
+    });
+  };
+
+  Planner.prototype.stateOf = function (L, t, stages) {
+    var params = 0, blocks = 0, inBlocks = 0;
+    stages.forEach(function (s) { params += t.params[s]; });
+    var g = [0, 0];
+    if (L.sharding === "fsdp") {
+      stages.forEach(function (s) { blocks += t.blocks[s]; });
+      stages.forEach(function (s) { inBlocks += t.block_params[s]; });
+      g = fsdpGathered(inBlocks / blocks, params - inBlocks, blocks, L.p > 1);
+    }
+    return {params: params, state: stateBytes(params, recipe(this.req.recipe), L.sharding, L.dp, g[0], g[1])};
+  };
+
+  Planner.prototype.memoryFloor = function (L) {
+    var req = this.req, t = this.tables(numStages(L), L.balance, L.b, L.recompute, L.tp), stages = this.owned(L, 0);
+    var st = this.stateOf(L, t, stages);
+    var transient = recomputeTransientBytes(req.model, L.b * req.seq_len, recipe(req.recipe).activation_bytes,
+      req.kernels, L.recompute, req.seq_len) / L.tp;
+    var minAct = Math.min.apply(null, stages.map(function (s) { return t.per_mb[s]; }));
+    return total3(st.state) + Math.min(L.m, L.p) * minAct + transient;
+  };
+
+  // port of rank_memory: per pipeline rank {rank, stages, parameters, gradients, optimizer, activations, logits, total}
+  Planner.prototype.rankMemory = function (L) {
+    var t = this.tables(numStages(L), L.balance, L.b, L.recompute, L.tp);
+    var held = this.rankActivations(L.schedule, L.p, L.m, L.v, L.b, L.balance, L.recompute, L.tp), out = [];
+    for (var rank = 0; rank < L.p; rank++) {
+      var stages = this.owned(L, rank), st = this.stateOf(L, t, stages).state;
+      var r = {rank: rank, stages: stages, parameters: st.parameters, gradients: st.gradients, optimizer: st.optimizer,
+        activations: held[rank][0], logits: held[rank][1]};
+      r.total = r.parameters + r.gradients + r.optimizer + r.activations + r.logits;
+      out.push(r);
+    }
+    return out;
+  };
+
+  Planner.prototype.dpExposed = function (L, params, busy, lastBackward, firstForward) {
+    var req = this.req;
+    if (L.dp === 1) return [0, 0];
+    var r = recipe(req.recipe), link = L.dp * L.tp <= req.gpus_per_node ? req.intra : req.inter;
+    var weights = params * r.weight_bytes, grads = params * r.grad_bytes, n = L.dp;
+    if (L.sharding === "none") {
+      var reduce = linkAllreduce(link, grads, n);
+      return [reduce, Math.max(0, reduce - lastBackward)];
+    }
+    if (L.sharding === "zero1" || L.sharding === "zero2") {
+      var reduces = L.sharding === "zero2" && L.m > 1 ? L.m : 1;
+      var rs = reduces * linkGather(link, grads, n), ag = linkGather(link, weights, n);
+      if (reduces > 1) return [rs + ag, Math.max(0, rs - 2 * busy / 3) + Math.max(0, ag - firstForward)];
+      return [rs + ag, Math.max(0, rs - lastBackward) + Math.max(0, ag - firstForward)];
+    }
+    if (L.p === 1) {
+      var total = L.m * (2 * linkGather(link, weights, n) + linkGather(link, grads, n));
+      return [total, Math.max(0, total - busy)];
+    }
+    var ag2 = linkGather(link, weights, n), rs2 = linkGather(link, grads, n);
+    return [ag2 + rs2, Math.max(0, ag2 - busy) + rs2];
+  };
+
+  Planner.prototype.modelFlopsPerToken = function () {
+    var self = this;
+    return this.cached("mflops", "", function () {
+      var s = self.req.model, seq = self.req.seq_len, products = 0, attention = 0, i;
+      for (i = 0; i < s.layers; i++) products += layerFlops(s, 1, seq, isMoe(s) && i >= s.dense_layers).W;
+      products += 2 * s.hidden * s.vocab;
+      for (i = 0; i < s.layers; i++) attention += layerFlops(s, 1, seq, false).F - layerFlops(s, 1, seq, false).W;
+      return 3 * products + 3 * attention;
+    });
+  };
+
+  function nodeOf(ppRank, dp, tp, gpusPerNode) { return Math.floor(ppRank * dp * tp / gpusPerNode); }
+
+  // one simulated step of the pipeline: per rank end, busy, and the span; with events when asked
+  Planner.prototype.pipelineRun = function (L, m, costs, withEvents) {
+    var req = this.req, c = this.compiled(L.schedule, L.p, m, L.v);
+    var boundary = boundaryBytes(L.b, req.seq_len, req.model.hidden, recipe(req.recipe).activation_bytes) / L.tp;
+    var hopIntra = linkTime(req.intra, boundary), hopInter = linkTime(req.inter, boundary);
+    var nodes = [];
+    for (var r = 0; r < L.p; r++) nodes.push(nodeOf(r, L.dp, L.tp, req.gpus_per_node));
+    var cost = c.actions.map(function (a) { return costs[a.stage + a.kind]; });
+    var hop = c.actions.map(function (a, i) {
+      return c.remote[i] ? (nodes[c.ranks[c.dep[i]]] === nodes[c.ranks[i]] ? hopIntra : hopInter) : 0;
+    });
+    var se = run(c, cost, hop), ends = [], busy = [];
+    for (r = 0; r < L.p; r++) { ends.push(0); busy.push(0); }
+    for (var i = 0; i < c.actions.length; i++) {
+      ends[c.ranks[i]] = Math.max(ends[c.ranks[i]], se[1][i]);
+      busy[c.ranks[i]] += se[1][i] - se[0][i];
+    }
+    var out = {ends: ends, busy: busy, span: Math.max.apply(null, ends)};
+    // with events: each action, and for a hand-off the index of the action on another rank it waits on
+    if (withEvents) out.events = c.actions.map(function (a, i) {
+      return {rank: c.ranks[i], stage: a.stage, kind: a.kind, microbatch: a.microbatch, start: se[0][i], end: se[1][i],
+        from: c.remote[i] ? c.dep[i] : -1};
+    });
+    return out;
+  };
+
+  // port of predict
+  Planner.prototype.predict = function (L, checkMemory, mem) {
+    var req = this.req, self = this;
+    mem = mem || this.rankMemory(L);
+    var pred = {layout: L, label: label(L), memory: mem, step_s: Infinity, pipeline_s: 0, dp_exposed_s: 0,
+      optimizer_s: 0, bubble: 0, tokens_per_s_per_gpu: 0, mfu: 0, why_not: null, estimated: false};
+    var worst = mem[0];
+    mem.forEach(function (r) { if (r.total > worst.total) worst = r; });
+    pred.peak_bytes = worst.total;
+    if (checkMemory !== false && worst.total > usableBytes(req)) {
+      var kinds = ["parameters", "gradients", "optimizer", "activations", "logits"], big = kinds[0];
+      kinds.forEach(function (k) { if (worst[k] > worst[big]) big = k; });
+      pred.why_not = "does not fit: rank " + worst.rank + " needs " + (worst.total / GB).toFixed(1) + " GB of the " +
+        (usableBytes(req) / GB).toFixed(1) + " GB usable, " + (worst[big] / GB).toFixed(1) + " GB of it " + big;
+      return pred;
+    }
+    var sc = this.stageCosts(L.tp, numStages(L), L.balance, L.b, L.recompute);
+    pred.estimated = sc.estimated;
+    var ms = simulatedMs(L), runs = ms.map(function (m) { return self.pipelineRun(L, m, sc.costs, false); });
+    var end = [], busy = [], r, bottleneck = 0;
+    for (r = 0; r < L.p; r++) busy.push(extrapolate(ms.map(function (m, k) { return [m, runs[k].busy[r]]; }), L.m));
+    if (ms.length > 1) {
+      bottleneck = -Infinity;
+      for (r = 0; r < L.p; r++) bottleneck = Math.max(bottleneck, (runs[1].busy[r] - runs[0].busy[r]) / (ms[1] - ms[0]));
+    }
+    var span = extrapolate(ms.map(function (m, k) { return [m, runs[k].span]; }), L.m, bottleneck);
+    for (r = 0; r < L.p; r++) end.push(extrapolate(ms.map(function (m, k) { return [m, runs[k].ends[r]]; }), L.m, bottleneck));
+    var step = 0, exposedWorst = 0, trafficWorst = 0;
+    var t = this.tables(numStages(L), L.balance, L.b, L.recompute, L.tp);
+    for (r = 0; r < L.p; r++) {
+      var stages = this.owned(L, r), params = 0, lastBackward = 0;
+      stages.forEach(function (s) { params += t.params[s]; });
+      stages.forEach(function (s) { lastBackward += sc.costs[s + "B"]; });
+      var firstForward = sc.costs[stages[0] + "F"];
+      var te = this.dpExposed(L, params, busy[r], lastBackward, firstForward);
+      var opt = this.optimizerSeconds(params, L);
+      step = Math.max(step, end[r] + te[1] + opt);
+      exposedWorst = Math.max(exposedWorst, te[1]); trafficWorst = Math.max(trafficWorst, te[0]);
+      pred.optimizer_s = Math.max(pred.optimizer_s, opt);
+    }
+    pred.step_s = step; pred.pipeline_s = span; pred.dp_exposed_s = exposedWorst;
+    var busySum = 0;
+    busy.forEach(function (x) { busySum += x; });
+    pred.bubble = span ? Math.max(0, 1 - busySum / (L.p * span)) : 0;
+    pred.tokens_per_s_per_gpu = req.global_batch * req.seq_len / step / req.gpus;
+    pred.mfu = pred.tokens_per_s_per_gpu * this.modelFlopsPerToken() / (req.gpu.bf16_tflops * 1e12);
+    pred.dp_traffic_s = trafficWorst;
+    return pred;
+  };
+
+  Planner.prototype.optimizerSeconds = function (params, L) {
+    var r = recipe(this.req.recipe), share = L.sharding !== "none" ? params / L.dp : params;
+    return share * (r.grad_bytes + 2 * r.optimizer_bytes + r.weight_bytes) / (this.req.gpu.hbm_tb_s * 1e12);
+  };
+
+  Planner.prototype.busiest = function (L) {
+    var self = this, key = [L.schedule, L.p, L.v, numStages(L), L.balance, L.b, L.recompute, L.tp].join("|");
+    return this.cached("busiest", key, function () {
+      var sc = self.stageCosts(L.tp, numStages(L), L.balance, L.b, L.recompute).costs;
+      var split = SPLIT_BACKWARD.indexOf(L.schedule) >= 0, worst = -Infinity;
+      for (var r = 0; r < L.p; r++) {
+        var sum = 0;
+        self.owned(L, r).forEach(function (s) { sum += sc[s + "F"] + (split ? sc[s + "I"] + sc[s + "W"] : sc[s + "B"]); });
+        worst = Math.max(worst, sum);
+      }
+      return worst;
+    });
+  };
+
+  Planner.prototype.lowerBound = function (L) { return L.m * this.busiest(L); };
+
+  // port of plan: {ranked, dropped}
+  Planner.prototype.plan = function (slack) {
+    slack = slack === undefined ? 0.05 : slack;
+    var self = this, req = this.req, dropped = [], valid = [];
+    this.candidates().forEach(function (L) {
+      var problem = self.constraintProblem(L);
+      if (problem) { dropped.push({layout: L, label: label(L), why_not: problem}); return; }
+      valid.push([self.lowerBound(L), L]);
+    });
+    valid.sort(function (x, y) { return x[0] - y[0]; });
+    var ranked = [], best = Infinity;
+    for (var i = 0; i < valid.length; i++) {
+      var bound = valid[i][0], L = valid[i][1];
+      if (bound > best * (1 + slack)) break;
+      var floor = this.memoryFloor(L);
+      if (floor > usableBytes(req)) {
+        dropped.push({layout: L, label: label(L), why_not: "does not fit: rank 0's state and the " + Math.min(L.m, L.p) +
+          " microbatches every schedule holds there before its first backward need " + (floor / GB).toFixed(1) +
+          " GB of the " + (usableBytes(req) / GB).toFixed(1) + " GB usable"});
+        continue;
+      }
+      var mem = this.rankMemory(L), worst = 0;
+      mem.forEach(function (r) { worst = Math.max(worst, r.total); });
+      if (worst > usableBytes(req)) { dropped.push(this.predict(L, true, mem)); continue; }
+      var pred = this.predict(L, false, mem);
+      ranked.push(pred);
+      best = Math.min(best, pred.step_s);
+    }
+    ranked.sort(function (x, y) { return x.step_s - y.step_s; });
+    return {ranked: ranked, dropped: dropped};
+  };
+
+  // one step of a layout, simulated at its own m (for drawing; not extrapolated)
+  Planner.prototype.timeline = function (L) {
+    var sc = this.stageCosts(L.tp, numStages(L), L.balance, L.b, L.recompute);
+    return this.pipelineRun(L, L.m, sc.costs, true);
+  };
+
+  var api = {
+    TORCH_SCHEDULES: TORCH_SCHEDULES, NO_PIPELINE: NO_PIPELINE, SHARDING: SHARDING, RECOMPUTE: RECOMPUTE,
+    KERNELS: KERNELS, RECIPES: Object.keys(RECIPES), GB: GB,
+    placement: placement, stagesPerRank: stagesPerRank, stageIndices: stageIndices, scheduleProblem: scheduleProblem,
+    order: order, compileOrder: compileOrder, run: run, peakInFlight: peakInFlight, simulate: simulate,
+    shape: shape, fromHfConfig: fromHfConfig, validateShape: validateShape, totalParameters: totalParameters,
+    activeParameters: activeParameters, layerActivationValues: layerActivationValues,
+    layerCosts: layerCosts, headCosts: headCosts, efficiency: efficiency,
+    layout: layout, label: label, numStages: numStages, usableBytes: usableBytes, Planner: Planner,
+    load: function (data) { for (var k in data) DATA[k] = data[k]; return api; },
+    data: function () { return DATA; }
+  };
+  if (typeof module !== "undefined" && module.exports) module.exports = api;
+  else root.PPPlanner = api;
+})(typeof window !== "undefined" ? window : this);

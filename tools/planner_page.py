@@ -1,0 +1,66 @@
+"""Drive the planner page (book/explorer.md) as a reader would, in playwright: pick a model or
+paste a config.json, fill in the cluster and batch, read back what it shows. Shared by the
+browser test (tests/test_browser.py) and the screenshot in the page (tools/screenshot_planner.py).
+
+    python tools/screenshot_planner.py     # after make book: book/images/planner.png
+"""
+
+from __future__ import annotations
+
+import json
+
+WAIT_MS = 120_000  # a plan takes under a second in Chromium; generous for a loaded machine
+
+
+def request(page, model: str | None = None, config: str | None = None, gpu: str = "h100-sxm", gpus: int = 8,
+            gpus_per_node: int = 8, global_batch: int = 64, seq_len: int = 4096) -> None:
+    """Enter a request: a preset ``model`` or the text of a ``config`` (config.json), and wait
+    until the page has planned exactly it."""
+    if config is not None:
+        page.select_option("#ppx-model", "config.json")
+        page.fill("#ppx-config", config)
+    else:
+        page.select_option("#ppx-model", model)
+    if page.input_value("#ppx-gpu") != gpu:
+        page.select_option("#ppx-gpu", gpu)
+    for field, value in (("gpus", gpus), ("gpus-per-node", gpus_per_node), ("global-batch", global_batch),
+                         ("seq-len", seq_len)):
+        page.fill(f"#ppx-{field}", str(value))
+    name = model if config is None else "config.json"
+    expected = json.dumps([name, gpu, gpus, gpus_per_node, global_batch, seq_len], separators=(",", ":"))
+    page.wait_for_function("key => document.getElementById('ppx').dataset.request === key", arg=expected,
+                           timeout=WAIT_MS)
+    settled(page)
+
+
+def settled(page) -> None:
+    """Wait until no plan is pending (the form replans 250 ms after the last keystroke)."""
+    page.wait_for_function("""() => new Promise(done => {
+        const root = document.getElementById('ppx'), before = root.dataset.plans;
+        setTimeout(() => done(root.dataset.plans === before), 600); })""", timeout=WAIT_MS)
+
+
+def table(page) -> list[dict]:
+    """The ranked table's rows: label, step time, peak bytes and bubble, at full precision."""
+    return page.eval_on_selector_all("#ppx-table tbody tr", """rows => rows.map(r => ({
+        label: r.dataset.label, step_s: Number(r.dataset.stepS), peak_bytes: Number(r.dataset.peakBytes),
+        bubble: Number(r.dataset.bubble)}))""")
+
+
+def selected(page) -> dict:
+    """The selected layout: its label and fields (tp, p, dp, schedule, v, b, m, sharding,
+    recompute, balance), step time, memory per rank and the timeline drawn."""
+    return page.evaluate("""() => {
+        const $ = id => document.getElementById(id);
+        return {label: $('ppx').dataset.layout, layout: JSON.parse($('ppx').dataset.layoutFields || 'null'), step_s: Number($('ppx-layout-stats').dataset.stepS),
+                totals: JSON.parse($('ppx-memory').dataset.totals || 'null'),
+                span: Number($('ppx-timeline').dataset.span), actions: Number($('ppx-timeline').dataset.actions),
+                handoffs: Number($('ppx-timeline').dataset.handoffs),
+                bars: $('ppx-memory').querySelectorAll('rect[class^=ppx-]').length,
+                rects: $('ppx-timeline').querySelectorAll('rect').length}; }""")
+
+
+def choose(page, control: str, value) -> None:
+    """Change one control of the selected layout (tp, p, schedule, v, m, sharding, recompute,
+    balance); the page redraws at once."""
+    page.select_option(f"#ppx-{control}", str(value))

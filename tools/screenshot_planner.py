@@ -1,0 +1,55 @@
+"""The screenshot in the planner page (book/images/planner.png), taken from the built site opened
+from file:// (as a reader who built the book opens it): Qwen2.5-7B's config.json pasted, 16 H100s,
+the first pipelined layout of the table selected.
+
+    make book && .venv/bin/python tools/screenshot_planner.py [--site _build/html] [--out book/images/planner.png]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+
+import planner_page  # noqa: E402
+from make_pdf import FLAGS, chromium_path  # noqa: E402
+
+CONFIG = ROOT / "data" / "configs" / "qwen2.5-7b.json"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--site", default=str(ROOT / "_build" / "html"))
+    ap.add_argument("--out", default=str(ROOT / "book" / "images" / "planner.png"))
+    args = ap.parse_args()
+    page_path = Path(args.site) / "book" / "explorer.html"
+    if not page_path.is_file():
+        print(f"screenshot_planner: error: no {page_path}; run `make book` first (or give --site)", file=sys.stderr)
+        return 2
+    exe = chromium_path()
+    if exe is None:
+        print("screenshot_planner: error: no chromium; run tools/ensure_chromium.sh", file=sys.stderr)
+        return 2
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=exe, args=FLAGS)
+        page = browser.new_page(viewport={"width": 900, "height": 900}, device_scale_factor=1)
+        page.goto(page_path.as_uri())
+        planner_page.request(page, config=CONFIG.read_text(), gpu="h100-sxm", gpus=16, global_batch=64, seq_len=4096)
+        rows = planner_page.table(page)
+        pipelined = next(i for i, r in enumerate(rows) if " p=" in r["label"])
+        page.click(f"#ppx-table tbody tr:nth-child({pipelined + 1})")
+        planner_page.settled(page)
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        page.locator("#ppx").screenshot(path=args.out)
+        browser.close()
+    print(f"wrote {args.out}: {rows[pipelined]['label']}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
