@@ -248,6 +248,7 @@ def with_change(change: list[str]) -> list[str]:
     (["--layout", "pp=4 schedule=1F1B b=64"], "needs at least as many microbatches"),
     (["--layout", "pp"], "is not key=value"),
     (["--json", "/no/such/folder/x.json"], "its folder does not exist"),
+    (["--model", "opt-175b", "--kernels", "book", "--gpus", "64"], "kernels 'book' counts the book's own Llama block"),
 ])
 def test_bad_requests_get_one_line_and_a_nonzero_exit(change, message, capsys):
     """In this process (``plan.main``); ``test_cli_runs_as_a_reader_runs_it`` runs the module."""
