@@ -340,7 +340,9 @@ def body(args: argparse.Namespace, info) -> int:
         try:
             step()
         except Exception:  # what this rank completed, like a flight record, then the error itself
-            print(f"rank {info.rank} completed: {' '.join(e.label for e in rec.events)}", flush=True)
+            done = " ".join(e.label for e in rec.events)
+            sys.stdout.write(f"rank {info.rank} completed: {done}\n")  # one write: ranks do not interleave
+            sys.stdout.flush()
             raise
         return 0
     reference = copy.deepcopy(full)  # the one-process run: same microbatches, gradients summed, / m
