@@ -65,6 +65,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if "all" in args.schedules:
         args.schedules = list(SCHEDULES)
+    if args.mistake != "none":  # one run, of the schedule the mistake is made in
+        args.schedules = ["1F1B-hand" if args.mistake == "unpaired" else "V-Half"]
     return args
 
 
@@ -76,6 +78,9 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
                    or schedule_backend_problem(PLACED_AS.get(name, name), pick_device(0, args.device)))
         if problem:
             raise ValueError(problem.replace(PLACED_AS.get(name, name), name, 1) if name in CUSTOM else problem)
+    if args.mistake != "none" and (world_size < 2 or m < 2):
+        raise ValueError(f"--mistake {args.mistake} needs 2 or more processes and --microbatches 2 or more "
+                         f"(got {world_size} and {m}): it breaks what passes between ranks and microbatches")
     if world_size < 2 and "Interleaved1F1B-hand" in args.schedules:
         raise ValueError("Interleaved1F1B-hand sends between ranks and needs at least 2 processes; "
                          "run it under torchrun --nproc-per-node 2 or more")
@@ -334,7 +339,7 @@ def body(args: argparse.Namespace, info) -> int:
     full = workload.full_model(args, info.device)  # identical on every rank
     tokens, targets = workload.make_batch(args, 0, info.device)  # (B, T) each: every step, the same batch
     if args.mistake != "none":  # one step of one run, which fails: its error is the result
-        name = "1F1B-hand" if args.mistake == "unpaired" else "V-Half"
+        name = args.schedules[0]
         rec = timeline.Recorder(info.rank)
         step = make_step(name, full, args, info, [rec], tokens, targets, paired=args.mistake != "unpaired")[0]
         try:

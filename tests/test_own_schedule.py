@@ -216,6 +216,7 @@ def test_all_eight_match_one_process_at_4_ranks():
     (["--schedules", "V-Half", "--layers", "3"], "V-Half on 2 processes has 4 stages"),
     (["--schedules", "Interleaved1F1B-hand", "--microbatches", "5", "--batch-size", "10"], "try 4 or 6"),
     (["--csv", "/nonexistent.csv"], "no such file"),
+    (["--mistake", "repeated-backward", "--microbatches", "1"], "needs 2 or more processes and --microbatches 2"),
     (["--microbatches", "8", "--batch-size", "12"], "not divisible by --microbatches 8"),
 ])
 def test_bad_flags_one_line(args, message):
