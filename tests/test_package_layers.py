@@ -20,8 +20,9 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("the torch-free planner (a subpackage: its schedules, simulator, memory, search)", ["planner"]),
     ("models, stage placement, driving a schedule, training pieces, nodes",
      ["models", "stages", "driver", "training", "nodes"]),
-    ("built on a model or a timeline: balancing, skip models, the workload, timing, simulating",
-     ["split", "skip", "workload", "measure", "simulate"]),
+    ("built on a model or a timeline: balancing, skip models, the workload, timing, simulating, "
+     "orders torch does not ship",
+     ["split", "skip", "workload", "measure", "simulate", "custom_schedules"]),
     ("on the simulator or the workload: the scripts' command line, fitting the simulator to measured runs, "
      "the site's explorer, memory in bytes per schedule",
      ["cli", "fit", "explorer", "memory"]),
