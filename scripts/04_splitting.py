@@ -15,12 +15,14 @@ connections); and the book's Llama stages loaded from a Hugging Face safetensors
 reading only its own tensors, with logits checked against transformers':
     torchrun --standalone --nproc-per-node 3 scripts/04_splitting.py --experiments hf hf-weights --check
     torchrun --standalone --nproc-per-node 3 scripts/04_splitting.py --experiments hf-direct
-A published model instead of a random one (from_pretrained: a Hub name downloads it once, a
-folder loads offline; hf-weights reads a local folder, e.g. from `hf download NAME --local-dir DIR`):
-    torchrun --standalone --nproc-per-node 4 scripts/04_splitting.py --experiments hf \
-        --hf-model meta-llama/Llama-3.2-1B --seq-len 128 --vocab 128256 --check
-    torchrun --standalone --nproc-per-node 4 scripts/04_splitting.py --experiments hf-weights \
-        --hf-dir Llama-2-7b-hf --seq-len 128 --vocab 32000 --check
+A published model instead of a random one (hf: from_pretrained on every rank, which then keeps
+its stage; a Hub name downloads it once, a folder loads offline. hf-weights reads only each rank's
+tensors, from a local folder: download it first):
+    torchrun --standalone --nproc-per-node 4 scripts/04_splitting.py --experiments hf \\
+        --hf-model TinyLlama/TinyLlama-1.1B-Chat-v1.0 --seq-len 128 --vocab 32000 --check
+    hf download TinyLlama/TinyLlama-1.1B-Chat-v1.0 --local-dir tinyllama
+    torchrun --standalone --nproc-per-node 4 scripts/04_splitting.py --experiments hf-weights \\
+        --hf-dir tinyllama --seq-len 128 --vocab 32000 --check
 GPUs (NCCL), balancing a larger model:
     torchrun --standalone --nproc-per-node 4 scripts/04_splitting.py --experiments balance \\
         --balance-vocab 32000 --balance-dim 1024 --balance-layers 16 --batch-size 64 --device cuda

@@ -19,8 +19,8 @@ shape comes from its config.json; each rank reads only its own tensors), and wri
 checkpoint as a folder that LlamaForCausalLM.from_pretrained loads:
     torchrun --standalone --nproc-per-node 2 scripts/07_checkpointing.py --from-hf hf-in --steps 4 \\
         --save-dir ckpt-llama --save-every 4 --to-hf hf-out --check
-    (hf-in from `hf download NAME --local-dir hf-in`, or from save_pretrained; the book's own Llama
-    from the seed instead: --model llama)
+    (hf-in from save_pretrained, or `hf download TinyLlama/TinyLlama-1.1B-Chat-v1.0 --local-dir hf-in`
+    with --seq-len 128; the book's own Llama from the seed instead: --model llama)
 GPUs (NCCL): add --device cuda.
 
 ``--check`` trains the full model in one process from step 0 on every rank and fails unless this

@@ -21,7 +21,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("models, stage placement, driving a schedule, training pieces, nodes",
      ["models", "stages", "driver", "training", "nodes"]),
     ("built on a model or a timeline: balancing, skip models, the workload, timing, simulating",
-     ["split", "skip", "workload", "measure", "simulate"]),
+     ["split", "skip", "workload", "measure", "simulate", "hf"]),
     ("on the simulator or the workload: the scripts' command line, fitting the simulator to measured runs, "
      "the site's explorer, memory in bytes per schedule",
      ["cli", "fit", "explorer", "memory"]),

@@ -97,14 +97,16 @@ def from_hf_name(name: str) -> str:
 def rope_to_hf(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     """Rows of a query or key projection (n_heads * hd, dim), from the
     book's pairs (2i, 2i+1) to transformers' pairs (i, i + hd/2)."""
-    rows, cols = w.shape
-    return w.view(n_heads, rows // n_heads // 2, 2, cols).transpose(1, 2).reshape(rows, cols)
+    rows, cols = w.shape  # per head: rows 0, 2, 4, ... then rows 1, 3, 5, ...
+    pairs = w.view(n_heads, rows // n_heads // 2, 2, cols)  # (heads, hd/2, pair, dim)
+    return pairs.transpose(1, 2).reshape(rows, cols)
 
 
 def rope_from_hf(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     """The inverse: transformers' halves back to the book's neighbours."""
     rows, cols = w.shape
-    return w.view(n_heads, 2, rows // n_heads // 2, cols).transpose(1, 2).reshape(rows, cols)
+    halves = w.view(n_heads, 2, rows // n_heads // 2, cols)  # (heads, half, hd/2, dim)
+    return halves.transpose(1, 2).reshape(rows, cols)
 # [end-rope]
 
 
@@ -253,10 +255,11 @@ def full_names(cfg: LlamaConfig) -> list[str]:
     return [book.format(i=i) for book, _ in NAMES for i in (range(cfg.n_layers) if "{i}" in book else [0])]
 
 
-def export(checkpoint: str | Path, folder: str | Path, cfg: LlamaConfig, dtype: torch.dtype | None = None) -> Path:
-    """A pipeline's DCP checkpoint (any number of stages, :mod:`ppbook.checkpoint`) as a Hugging
-    Face folder that ``LlamaForCausalLM.from_pretrained`` loads; in one process, like
-    :func:`ppbook.checkpoint.export`."""
+def export(checkpoint: str | Path, folder: str | Path, cfg: LlamaConfig,
+           dtype: torch.dtype | None = None) -> Path:
+    """A pipeline's DCP checkpoint (any number of stages) as a Hugging
+    Face folder that ``LlamaForCausalLM.from_pretrained`` loads; in one
+    process, like :func:`ppbook.checkpoint.export`."""
     from ppbook import checkpoint as ckpt
 
     with tempfile.TemporaryDirectory(prefix="ppbook-hf-") as tmp:
