@@ -300,11 +300,16 @@ def kwarg(args, info, tokens, targets) -> None:
         else:
             schedule.step()
     except Exception as err:  # one line per rank that a chapter can show, then fail as torch does
-        cause = err.__cause__ or err
-        line = f"rank {info.rank} failed: {type(cause).__name__}: {cause}".replace("\n", " ")
-        sys.stderr.write(line + "\n")  # one write: another rank's line cannot land before our newline
-        sys.stderr.flush()
+        report_failure(info, err)
         raise
+
+
+def report_failure(info, err: Exception) -> None:
+    """This rank's error (or the one it was raised from) as one line on stderr."""
+    cause = err.__cause__ or err
+    line = f"rank {info.rank} failed: {type(cause).__name__}: {cause}".replace("\n", " ")
+    sys.stderr.write(line + "\n")  # one write: another rank's line cannot land before our newline
+    sys.stderr.flush()
 
 
 def transformers_lib():
@@ -347,10 +352,9 @@ def hf_train(args, info) -> dict | None:
     full, m = hf_model(args, info), args.microbatches
     reference = copy.deepcopy(full)  # transformers' own forward, in one process
     ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-3)
-    runs = {}
+    runs, (tokens, _) = {}, workload.make_batch(args, 0, info.device)
     for method in args.methods:
-        tokens, _ = workload.make_batch(args, 0, info.device)
-        stage = hf_stage(method, full, tokens.chunk(m)[0], info)
+        stage = hf_stage(method, full, tokens.chunk(m)[0], info)  # traced on one microbatch
         opt = torch.optim.AdamW(stage.submod.parameters(), lr=1e-3)
         schedule = ScheduleGPipe(stage, n_microbatches=m, loss_fn=workload.loss_fn)
         runs[method] = (stage.submod, opt, schedule, [])
@@ -396,10 +400,8 @@ def hf_direct(args, info, tokens, targets) -> dict | None:
     workload.scale_grads(reference, m)
     try:
         run_pipeline(stage, stage.submod, tokens, targets, m, info)
-    except Exception as err:  # one line per rank that a chapter can show, then fail as torch does
-        line = f"rank {info.rank} failed: {type(err).__name__}: {err}".replace("\n", " ")
-        sys.stderr.write(line + "\n")
-        sys.stderr.flush()
+    except Exception as err:  # from three stages on: torch refuses the skip connection
+        report_failure(info, err)
         raise
     stages = gather_to_rank0({"rank": info.rank, **workload.compare(stage.submod, reference)})
     return None if stages is None else {"sources": sources, "stages": stages,

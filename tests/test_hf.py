@@ -109,7 +109,7 @@ def test_transformers_files_into_stages_at_any_size_give_transformers_logits(fol
     x = tokens()
     with torch.no_grad():
         expected = model(x).logits
-        for p in (1, 2, 3, 5):
+        for p in (2, 5):  # 1, 2 and 3: chapter 4, and one rank per stage below
             h, read = x, []
             for s in range(p):
                 stage = hf.load_stage(folder, s, p)
@@ -176,7 +176,8 @@ def test_chain_refuses_what_it_cannot_cut():
 # --- under torchrun -----------------------------------------------------------------------------
 @pytest.mark.torchrun
 def test_transformers_llama_through_three_stages_and_book_stages_from_its_files():
-    r = launch.torchrun("04_splitting.py", ["--experiments", "hf", "hf-weights", "--check"], nproc=3, timeout=400)
+    small = ["--dim", 32, "--seq-len", 16, "--hf-steps", 2]  # 5 layers: uneven on 3 stages
+    r = launch.torchrun("04_splitting.py", ["--experiments", "hf", "hf-weights", "--check", *small], nproc=3, timeout=400)
     assert r.data["match"]
     for method in ("manual", "tracer"):
         run = r.data["hf"][method]
@@ -202,8 +203,8 @@ def test_book_stages_from_transformers_files(nproc, folder):
 
 @pytest.mark.torchrun
 def test_transformers_model_traced_as_is_fails_at_three_stages_on_its_skip():
-    r = launch.torchrun("04_splitting.py", ["--experiments", "hf-direct"], nproc=3, timeout=240, check=False,
-                        json_result=False)
+    r = launch.torchrun("04_splitting.py", ["--experiments", "hf-direct", "--layers", 3, "--dim", 32, "--seq-len", 8],
+                        nproc=3, timeout=240, check=False, json_result=False)
     assert r.returncode != 0
     assert "rank 0 failed: PipeliningMetadataError: Backward of skip connections not supported yet" in r.output
 

@@ -121,13 +121,6 @@ def tensor_to_hf(name: str, t: torch.Tensor, cfg: LlamaConfig) -> tuple[str, tor
     return to_hf_name(name), rope_to_hf(t, heads) if heads else t
 
 
-def tensor_from_hf(hf_name: str, t: torch.Tensor, cfg: LlamaConfig) -> tuple[str, torch.Tensor]:
-    """A Hugging Face tensor as the book's Llama holds it."""
-    name = from_hf_name(hf_name)
-    heads = _heads(name, cfg)
-    return name, rope_from_hf(t, heads) if heads else t
-
-
 # --- config.json ----------------------------------------------------------------------------
 def config_to_hf(cfg: LlamaConfig, dtype: torch.dtype = torch.float32) -> dict:
     """The ``config.json`` of a ``LlamaForCausalLM`` that computes what the book's Llama does."""
@@ -214,12 +207,12 @@ def load_stage(folder: str | Path, stage_index: int = 0, num_stages: int = 1,
     stage_module(model, stage_index, num_stages, layers).to_empty(device="cpu")
     files, wanted = weight_files(folder), sources(model.state_dict(), tied)
     state = {}
-    for file in sorted({files[hf] for hf in wanted.values()}):
+    for file in sorted({files[hf_name] for hf_name in wanted.values()}):
         with safe_open(file, framework="pt") as f:  # lazy: reads a tensor when asked
-            for name, hf in wanted.items():
-                if files[hf] == file:
-                    _, t = tensor_from_hf(to_hf_name(name), f.get_tensor(hf), cfg)
-                    state[name] = t
+            for name, hf_name in wanted.items():
+                if files[hf_name] == file:
+                    t, heads = f.get_tensor(hf_name), _heads(name, cfg)
+                    state[name] = rope_from_hf(t, heads) if heads else t
     model.load_state_dict(state, strict=True)
     cos, sin = rope_tables(cfg.dim // cfg.n_heads, cfg.max_seq_len, cfg.rope_theta)
     model.rope_cos.copy_(cos)  # to_empty left the rotary tables empty
