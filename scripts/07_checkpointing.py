@@ -58,7 +58,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--model", choices=["gpt", "llama"], default="gpt", help="the book's GPT or Llama (--from-hf: Llama)")
     p.add_argument("--from-hf", default=None, metavar="DIR",
                    help="start from the weights of a Hugging Face Llama folder (config.json, *.safetensors), "
-                        "each rank reading only its stage's tensors; the model's shape comes from its config.json")
+                        "each rank reading only its stage's tensors; the model's shape comes from its config.json "
+                        "(a head tied to the embedding starts as a copy of it and trains on its own)")
     p.add_argument("--to-hf", default=None, metavar="DIR",
                    help="after the run, write the last step's checkpoint as a Hugging Face folder that "
                         "transformers loads (model.safetensors, config.json)")
@@ -93,9 +94,6 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
         if args.seq_len > cfg.max_seq_len:
             raise ValueError(f"--seq-len {args.seq_len} exceeds the {cfg.max_seq_len} positions of {args.from_hf}")
     cli.validate_common(args, world_size)
-    if args.model == "llama" and not args.from_hf and args.heads % max(args.heads // 2, 1):
-        raise ValueError(f"--model llama shares each key/value head between 2 query heads: give an even --heads, "
-                         f"got {args.heads}")
     if args.to_hf and (args.model != "llama" or not args.save_every or args.steps % args.save_every):
         raise ValueError("--to-hf writes the last step's checkpoint of a Llama: add --model llama (or --from-hf) "
                          "and a --save-every that divides --steps")
@@ -147,8 +145,9 @@ def maybe_kill(args, info, step: int, during_save: bool) -> None:
 def llama_config(args) -> LlamaConfig:
     if args.from_hf:
         return hf.read_config(args.from_hf)[0]
+    kv_heads = args.heads // 2 if args.heads % 2 == 0 else args.heads  # grouped-query attention when it can
     return LlamaConfig(vocab_size=args.vocab, dim=args.dim, n_layers=args.layers, n_heads=args.heads,
-                       n_kv_heads=max(args.heads // 2, 1), max_seq_len=args.seq_len)
+                       n_kv_heads=kv_heads, max_seq_len=args.seq_len)
 
 
 # [start-build]

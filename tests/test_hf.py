@@ -127,7 +127,7 @@ def test_books_weights_out_and_back_in_bitwise_and_transformers_agrees(tmp_path)
     theirs = transformers.LlamaForCausalLM.from_pretrained(tmp_path)
     with torch.no_grad():
         torch.testing.assert_close(theirs(tokens()).logits, book(tokens()), rtol=0, atol=hf.TOLERANCE)
-    with pytest.raises(ValueError, match="a stage's state dict is not a model"):
+    with pytest.raises(ValueError, match="pass a model's, not a stage's"):
         hf.save(stage_module(build_model(CFG), 0, 2).state_dict(), CFG, tmp_path / "stage")
 
 

@@ -224,22 +224,24 @@ def load_stage(folder: str | Path, stage_index: int = 0, num_stages: int = 1,
 # --- weights out ----------------------------------------------------------------------------
 def save(state_dict: dict[str, torch.Tensor], cfg: LlamaConfig, folder: str | Path,
          dtype: torch.dtype | None = None) -> Path:
-    """Write the book's full-model ``state_dict`` as a Hugging Face folder: ``model.safetensors``
-    (names and rotary rows as ``transformers`` expects) and ``config.json``."""
+    """Write the book's full-model ``state_dict`` as a Hugging Face folder:
+    model.safetensors (transformers' names and rotary rows) and config.json."""
     from safetensors.torch import save_file
 
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    missing = set(full_names(cfg)) - set(state_dict)
+    missing = sorted(set(full_names(cfg)) - set(state_dict))
     if missing:
-        raise ValueError(f"the state dict lacks {len(missing)} tensors of the full model, e.g. {sorted(missing)[0]}: "
-                         f"a stage's state dict is not a model")
+        raise ValueError(f"the state dict lacks {len(missing)} tensors of the "
+                         f"full model (e.g. {missing[0]}): pass a model's, "
+                         f"not a stage's")
     out = {}
     for name, t in state_dict.items():
         hf_name, t = tensor_to_hf(name, t.detach().cpu(), cfg)
         out[hf_name] = t.to(dtype or t.dtype).contiguous()
-    save_file(out, folder / WEIGHTS, metadata={"format": "pt"})
-    (folder / CONFIG).write_text(json.dumps(config_to_hf(cfg, dtype or next(iter(out.values())).dtype), indent=1))
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(out, folder / WEIGHTS, metadata={"format": "pt"})  # as transformers saves
+    config = config_to_hf(cfg, dtype or next(iter(out.values())).dtype)
+    (folder / CONFIG).write_text(json.dumps(config, indent=1))
     return folder
 
 
