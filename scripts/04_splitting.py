@@ -8,6 +8,21 @@ CPU, two stages, everything (checks, tied weights, balancing) in one launch:
     torchrun --standalone --nproc-per-node 2 scripts/04_splitting.py --experiments check tied balance --check
 A tensor keyword argument that a later stage uses: fails on purpose, with torch's error:
     torchrun --standalone --nproc-per-node 2 scripts/04_splitting.py --experiments kwarg
+Hugging Face (needs transformers and safetensors): transformers' LlamaForCausalLM, random from a
+small config, split by hand and by the tracer (as a ppbook.hf.Chain), trained against one process;
+the same model traced as transformers builds it, which fails from three stages on (skip
+connections); and the book's Llama stages loaded from a Hugging Face safetensors folder, each rank
+reading only its own tensors, with logits checked against transformers':
+    torchrun --standalone --nproc-per-node 3 scripts/04_splitting.py --experiments hf hf-weights --check
+    torchrun --standalone --nproc-per-node 3 scripts/04_splitting.py --experiments hf-direct
+A published model instead of a random one (hf: from_pretrained on every rank, which then keeps
+its stage; a Hub name downloads it once, a folder loads offline. hf-weights reads only each rank's
+tensors, from a local folder: download it first):
+    torchrun --standalone --nproc-per-node 4 scripts/04_splitting.py --experiments hf \\
+        --hf-model TinyLlama/TinyLlama-1.1B-Chat-v1.0 --seq-len 128 --vocab 32000 --check
+    hf download TinyLlama/TinyLlama-1.1B-Chat-v1.0 --local-dir tinyllama
+    torchrun --standalone --nproc-per-node 4 scripts/04_splitting.py --experiments hf-weights \\
+        --hf-dir tinyllama --seq-len 128 --vocab 32000 --check
 GPUs (NCCL), balancing a larger model:
     torchrun --standalone --nproc-per-node 4 scripts/04_splitting.py --experiments balance \\
         --balance-vocab 32000 --balance-dim 1024 --balance-layers 16 --batch-size 64 --device cuda
@@ -17,7 +32,9 @@ from __future__ import annotations
 
 import argparse
 import copy
+import shutil
 import sys
+import tempfile
 
 import torch
 import torch.distributed as dist
@@ -26,13 +43,13 @@ from torch.distributed.pipelining import PipelineStage, ScheduleGPipe, SplitPoin
 from tqdm import tqdm
 
 from ppbook import cli, driver, measure, precision, workload
-from ppbook import split
+from ppbook import hf, split
 from ppbook.dist import gather_to_rank0
 from ppbook.models import GPTConfig, LlamaConfig, build_model
 from ppbook.stages import assign_layers, stage_module
 from ppbook.timeline import Recorder
 
-EXPERIMENTS = ("check", "tied", "balance", "kwarg")
+EXPERIMENTS = ("check", "tied", "balance", "kwarg", "hf", "hf-direct", "hf-weights")
 MODELS = ("gpt", "llama")
 METHODS = ("manual", "tracer")
 
@@ -52,6 +69,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--balance-vocab", type=int, default=8192, help="vocabulary of the Llama that 'balance' splits")
     p.add_argument("--balance-dim", type=int, default=128)
     p.add_argument("--balance-layers", type=int, default=8)
+    p.add_argument("--hf-model", default=None,
+                   help="hf, hf-direct: LlamaForCausalLM.from_pretrained(this) (a Hub name downloads) instead of "
+                        "a random one built from --vocab, --dim, --layers, --heads, --seq-len")
+    p.add_argument("--hf-dir", default=None,
+                   help="hf-weights: a local Hugging Face Llama folder (config.json, *.safetensors); default: rank 0 "
+                        "writes a random one with save_pretrained into a temporary folder")
+    p.add_argument("--hf-steps", type=int, default=3, help="hf: AdamW steps trained through the pipeline")
     return p.parse_args(argv)
 
 
@@ -68,6 +92,16 @@ def validate(args: argparse.Namespace, num_stages: int) -> None:
             raise ValueError(f"--balance-dim {args.balance_dim} must be divisible by --heads {args.heads}")
     if ("tied" in args.experiments or "kwarg" in args.experiments) and num_stages < 2:
         raise ValueError("'tied' and 'kwarg' show what happens between stages: launch them on at least 2 processes")
+    if {"hf", "hf-direct", "hf-weights"} & set(args.experiments):
+        hf.require_libraries()  # one line, before any process group, when transformers is missing
+    if args.hf_steps < 1:
+        raise ValueError(f"--hf-steps must be at least 1, got {args.hf_steps}")
+    if args.hf_dir is not None:
+        cfg, _ = hf.read_config(args.hf_dir)  # a folder the book's Llama cannot load is refused here
+        if args.vocab > cfg.vocab_size or args.seq_len > cfg.max_seq_len or cfg.n_layers < num_stages:
+            raise ValueError(f"--hf-dir {args.hf_dir}: its model has a vocabulary of {cfg.vocab_size}, "
+                             f"{cfg.max_seq_len} positions and {cfg.n_layers} layers; keep --vocab and --seq-len "
+                             f"within them and launch at most {cfg.n_layers} processes")
 
 
 def config(kind: str, args, vocab=None, dim=None, layers=None) -> GPTConfig | LlamaConfig:
@@ -266,11 +300,145 @@ def kwarg(args, info, tokens, targets) -> None:
         else:
             schedule.step()
     except Exception as err:  # one line per rank that a chapter can show, then fail as torch does
-        cause = err.__cause__ or err
-        line = f"rank {info.rank} failed: {type(cause).__name__}: {cause}".replace("\n", " ")
-        sys.stderr.write(line + "\n")  # one write: another rank's line cannot land before our newline
-        sys.stderr.flush()
+        report_failure(info, err)
         raise
+
+
+def report_failure(info, err: Exception) -> None:
+    """This rank's error (or the one it was raised from) as one line on stderr."""
+    cause = err.__cause__ or err
+    line = f"rank {info.rank} failed: {type(cause).__name__}: {cause}".replace("\n", " ")
+    sys.stderr.write(line + "\n")  # one write: another rank's line cannot land before our newline
+    sys.stderr.flush()
+
+
+def transformers_lib():
+    """transformers, imported only by the hf experiments (it takes seconds), without its bars."""
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()  # human lines come from one rank
+    return transformers
+
+
+def hf_model(args, info) -> nn.Module:
+    """transformers' LlamaForCausalLM, the same on every rank: --hf-model, or random from a config."""
+    lib, dtype = transformers_lib(), precision.param_dtype(args.dtype)
+    if args.hf_model:  # a Hub name downloads the model once; a folder loads offline
+        model = lib.LlamaForCausalLM.from_pretrained(args.hf_model, attn_implementation="sdpa", dtype=dtype)
+    else:
+        torch.manual_seed(args.seed)  # transformers initialises from the global generator
+        model = lib.LlamaForCausalLM(lib.LlamaConfig(**hf.config_to_hf(config("llama", args))))
+    return model.to(dtype).to(info.device)
+
+
+# [start-hf]
+def hf_stage(method: str, hf_model: nn.Module, mb_tokens, info):
+    """This rank's stage of a transformers Llama wrapped as a Chain,
+    cut by hand or traced at the same layers."""
+    chain = hf.Chain(copy.deepcopy(hf_model))
+    if method == "manual":
+        stage_mod = hf.chain_stage(chain, info.rank, info.world_size)
+        return PipelineStage(stage_mod, info.rank, info.world_size, info.device)
+    layers = assign_layers(len(chain.model.layers), info.world_size)
+    split_spec = {f"model.layers.{run[0]}": SplitPoint.BEGINNING for run in layers[1:]}
+    pipe = pipeline(chain, mb_args=(mb_tokens,), split_spec=split_spec)
+    return pipe.build_stage(info.rank, device=info.device)
+# [end-hf]
+
+
+def hf_train(args, info) -> dict | None:
+    """transformers' Llama split both ways and trained --hf-steps AdamW steps through GPipe,
+    against the same model trained in one process on the same microbatches."""
+    full, m = hf_model(args, info), args.microbatches
+    reference = copy.deepcopy(full)  # transformers' own forward, in one process
+    ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-3)
+    runs, (tokens, _) = {}, workload.make_batch(args, 0, info.device)
+    for method in args.methods:
+        stage = hf_stage(method, full, tokens.chunk(m)[0], info)  # traced on one microbatch
+        opt = torch.optim.AdamW(stage.submod.parameters(), lr=1e-3)
+        schedule = ScheduleGPipe(stage, n_microbatches=m, loss_fn=workload.loss_fn)
+        runs[method] = (stage.submod, opt, schedule, [])
+    ref_losses = []
+    for step in range(args.hf_steps):
+        tokens, targets = workload.make_batch(args, step, info.device)
+        ref_opt.zero_grad(set_to_none=True)
+        mb_losses = [workload.loss_fn(reference(x).logits, y) for x, y in zip(tokens.tensor_split(m), targets.tensor_split(m))]
+        for loss in mb_losses:
+            loss.backward()
+        workload.scale_grads(reference, m)
+        ref_losses.append(workload.mean_loss(mb_losses))
+        ref_opt.step()
+        for stage_mod, opt, schedule, losses in runs.values():
+            opt.zero_grad(set_to_none=True)
+            mb = driver.schedule_step(schedule, info, tokens, targets)
+            losses.append(workload.mean_loss(mb) if info.is_last else None)
+            opt.step()
+    out, tol = {}, precision.tolerance(args.dtype)
+    for method, (stage_mod, _, _, losses) in runs.items():
+        stages = gather_to_rank0({"rank": info.rank, **workload.compare(stage_mod, reference), "losses": losses})
+        if stages is not None:
+            out[method] = {"stages": stages, "losses": stages[-1]["losses"], "reference_losses": ref_losses,
+                           "layers_per_stage": [layer_ids([n.removeprefix("model.") for n in s["params"]]) for s in stages],
+                           "match": all(s["max_weight_diff"] <= tol for s in stages)
+                           and max(abs(a - b) for a, b in zip(stages[-1]["losses"], ref_losses)) <= tol}
+    return out or None
+
+
+def hf_direct(args, info, tokens, targets) -> dict | None:
+    """transformers' model traced as it is (only use_cache=False): from three stages on, a stage
+    reads the rotary tables and the mask from stage 0, a skip connection; fails on purpose there."""
+    full, m = hf_model(args, info), args.microbatches
+    full.config.use_cache = False  # else torch.export meets a DynamicCache in the output
+    layers = assign_layers(full.config.num_hidden_layers, info.world_size)
+    pipe = pipeline(full, mb_args=(tokens.chunk(m)[0],),
+                    split_spec={f"model.layers.{run[0]}": SplitPoint.BEGINNING for run in layers[1:]})
+    sources = hf.stage_sources(pipe)
+    stage = pipe.build_stage(info.rank, device=info.device)
+    reference = copy.deepcopy(full)
+    for x, y in zip(tokens.tensor_split(m), targets.tensor_split(m)):
+        workload.loss_fn(reference(x).logits, y).backward()
+    workload.scale_grads(reference, m)
+    try:
+        run_pipeline(stage, stage.submod, tokens, targets, m, info)
+    except Exception as err:  # from three stages on: torch refuses the skip connection
+        report_failure(info, err)
+        raise
+    stages = gather_to_rank0({"rank": info.rank, **workload.compare(stage.submod, reference)})
+    return None if stages is None else {"sources": sources, "stages": stages,
+                                        "match": all(s["max_grad_diff"] <= precision.tolerance(args.dtype) for s in stages)}
+
+
+def hf_weights(args, info, tokens) -> dict | None:
+    """The book's Llama stages loaded from a Hugging Face folder, each rank reading only its own
+    tensors; with --check, the pipeline's logits against transformers' model on the same files."""
+    folder = [args.hf_dir]
+    if folder[0] is None and info.rank == 0:  # a random transformers model, saved as a Hub folder
+        folder[0] = tempfile.mkdtemp(prefix="ppbook-hf-")
+        hf_model(args, info).save_pretrained(folder[0])
+    dist.broadcast_object_list(folder, src=0)
+    dtype = precision.param_dtype(args.dtype)
+    stage_mod = hf.load_stage(folder[0], info.rank, info.world_size, dtype=dtype, device=info.device)
+    cfg, tied = hf.read_config(folder[0])
+    read = hf.sources(stage_mod.state_dict(), tied)
+    schedule = ScheduleGPipe(PipelineStage(stage_mod, info.rank, info.world_size, info.device), args.microbatches)
+    logits = schedule.eval(tokens) if info.is_first else schedule.eval()  # forward only; the last stage returns
+    diff = None
+    if args.check and info.is_last:
+        ref = transformers_lib().LlamaForCausalLM.from_pretrained(folder[0], attn_implementation="sdpa", dtype=dtype)
+        ref = ref.to(info.device)
+        with torch.no_grad():
+            diff = (ref(tokens).logits - logits).abs().max().item()
+    stages = gather_to_rank0({"rank": info.rank, "read": sorted(set(read.values())),
+                              "bytes": sum(t.numel() * t.element_size() for t in stage_mod.state_dict().values()),
+                              "max_logit_diff": diff})
+    if stages is None:
+        return None
+    total = len(hf.weight_files(folder[0]))
+    if args.hf_dir is None:
+        shutil.rmtree(folder[0], ignore_errors=True)
+    diff = stages[-1]["max_logit_diff"]
+    return {"stages": stages, "n_layers": cfg.n_layers, "tied": tied, "tensors_in_folder": total,
+            "max_logit_diff": diff, "tolerance": hf.TOLERANCE, "match": None if diff is None else diff <= hf.TOLERANCE}
 
 
 def body(args: argparse.Namespace, info) -> int:
@@ -286,6 +454,12 @@ def body(args: argparse.Namespace, info) -> int:
         out["balance"] = balance(args, info, tokens, targets)
     if "kwarg" in args.experiments:
         kwarg(args, info, tokens, targets)
+    if "hf" in args.experiments:
+        out["hf"] = hf_train(args, info)
+    if "hf-direct" in args.experiments:
+        out["hf_direct"] = hf_direct(args, info, tokens, targets)
+    if "hf-weights" in args.experiments:
+        out["hf_weights"] = hf_weights(args, info, tokens)
     if info.rank != 0:
         return 0
     ok = True
@@ -302,6 +476,21 @@ def body(args: argparse.Namespace, info) -> int:
         print(f"balance {policy:>6}: layers {[len(x) for x in r['layers_per_stage']]}, stage ms [{stage_ms}], "
               f"step {1e3 * r['median_step_seconds']:.1f} ms  {'MATCH' if r['match'] else 'MISMATCH'}")
         ok &= r["match"]
+    for method, r in (out.get("hf") or {}).items():
+        print(f"transformers Llama {method:>6}: layers per stage {r['layers_per_stage']}, {len(r['losses'])} steps, "
+              f"max weight diff {max(s['max_weight_diff'] for s in r['stages']):.1e}  {'MATCH' if r['match'] else 'MISMATCH'}")
+        ok &= r["match"]
+    if out.get("hf_direct"):
+        r = out["hf_direct"]
+        print(f"transformers Llama traced as is: stage inputs from {r['sources']}  {'MATCH' if r['match'] else 'MISMATCH'}")
+        ok &= r["match"]
+    if out.get("hf_weights"):
+        r = out["hf_weights"]
+        read = ", ".join(str(len(s["read"])) for s in r["stages"])
+        diff = "not checked (--check)" if r["max_logit_diff"] is None else f"{r['max_logit_diff']:.1e}"
+        print(f"book Llama from Hugging Face files: tensors read per rank [{read}], "
+              f"logits vs transformers: {diff}  {'MATCH' if r['match'] in (None, True) else 'MISMATCH'}")
+        ok &= r["match"] in (None, True)
     print("MATCH: every pipeline equals the one-process run" if ok else "MISMATCH in at least one run")
     out["match"] = ok
     cli.write_json(args.json, out)

@@ -14,6 +14,13 @@ restarted ranks resume from the newest complete checkpoint:
         --steps 8 --save-dir ckpt --save-every 2 --resume --kill-rank 1 --kill-at-step 5 --check
     (the same with PPBOOK_KILL=1:5 in the environment; PPBOOK_KILL=1:4:save kills rank 1 during the
     save after step 4, before the commit)
+Hugging Face in and out (needs safetensors): start from a Llama folder saved by transformers (its
+shape comes from its config.json; each rank reads only its own tensors), and write the last
+checkpoint as a folder that LlamaForCausalLM.from_pretrained loads:
+    torchrun --standalone --nproc-per-node 2 scripts/07_checkpointing.py --from-hf hf-in --steps 4 \\
+        --save-dir ckpt-llama --save-every 4 --to-hf hf-out --check
+    (hf-in from save_pretrained, or `hf download TinyLlama/TinyLlama-1.1B-Chat-v1.0 --local-dir hf-in`
+    with --seq-len 128; the book's own Llama from the seed instead: --model llama)
 GPUs (NCCL): add --device cuda.
 
 ``--check`` trains the full model in one process from step 0 on every rank and fails unless this
@@ -36,8 +43,9 @@ from tqdm.auto import tqdm
 
 from ppbook import checkpoint as ckpt
 from ppbook import dist as ppdist
-from ppbook import cli, driver, workload
+from ppbook import cli, driver, hf, workload
 from ppbook import precision
+from ppbook.models import LlamaConfig, build_model
 from ppbook.stages import assign_layers, stage_module
 from ppbook.training import warmup_cosine
 
@@ -47,6 +55,14 @@ SCRIPT = "07_checkpointing.py"
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     cli.add_common_args(p, mixed_precision=True)
+    p.add_argument("--model", choices=["gpt", "llama"], default="gpt", help="the book's GPT or Llama (--from-hf: Llama)")
+    p.add_argument("--from-hf", default=None, metavar="DIR",
+                   help="start from the weights of a Hugging Face Llama folder (config.json, *.safetensors), "
+                        "each rank reading only its stage's tensors; the model's shape comes from its config.json "
+                        "(a head tied to the embedding starts as a copy of it and trains on its own)")
+    p.add_argument("--to-hf", default=None, metavar="DIR",
+                   help="after the run, write the last step's checkpoint as a Hugging Face folder that "
+                        "transformers loads (model.safetensors, config.json)")
     p.add_argument("--steps", type=int, default=6, help="train until this many optimizer steps are done in all")
     p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (AdamW)")
     p.add_argument("--lr-warmup", type=int, default=2, help="steps of linear warm-up, then cosine decay")
@@ -72,7 +88,15 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def validate(args: argparse.Namespace, world_size: int) -> None:
+    if args.from_hf:  # the model's shape is the folder's: a config the book's Llama cannot load is refused here
+        cfg, _ = hf.read_config(args.from_hf)
+        args.model, args.vocab, args.dim, args.layers, args.heads = "llama", cfg.vocab_size, cfg.dim, cfg.n_layers, cfg.n_heads
+        if args.seq_len > cfg.max_seq_len:
+            raise ValueError(f"--seq-len {args.seq_len} exceeds the {cfg.max_seq_len} positions of {args.from_hf}")
     cli.validate_common(args, world_size)
+    if args.to_hf and (args.model != "llama" or not args.save_every or args.steps % args.save_every):
+        raise ValueError("--to-hf writes the last step's checkpoint of a Llama: add --model llama (or --from-hf) "
+                         "and a --save-every that divides --steps")
     if args.save_every < 0 or args.keep < 1 or args.lr_warmup < 0 or args.lr_horizon < 1:
         raise ValueError(f"--save-every must be at least 0, --keep and --lr-horizon at least 1, --lr-warmup at least 0; "
                          f"got {args.save_every}, {args.keep}, {args.lr_horizon}, {args.lr_warmup}")
@@ -118,9 +142,34 @@ def maybe_kill(args, info, step: int, during_save: bool) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def reference_digest(args, device) -> dict[str, str]:
+def llama_config(args) -> LlamaConfig:
+    if args.from_hf:
+        return hf.read_config(args.from_hf)[0]
+    kv_heads = args.heads // 2 if args.heads % 2 == 0 else args.heads  # grouped-query attention when it can
+    return LlamaConfig(vocab_size=args.vocab, dim=args.dim, n_layers=args.layers, n_heads=args.heads,
+                       n_kv_heads=kv_heads, max_seq_len=args.seq_len)
+
+
+# [start-build]
+def build(args, info, staged: bool):
+    """This rank's stage (or, not staged, the full model), from the
+    seed or from a Hugging Face folder; float32 under --dtype bfloat16."""
+    dtype = precision.param_dtype(args.dtype)
+    rank, p = (info.rank, info.world_size) if staged else (0, 1)
+    if args.from_hf:  # reads only this stage's tensors from the safetensors
+        return hf.load_stage(args.from_hf, rank, p, dtype=dtype, device=info.device)
+    if args.model == "gpt":
+        model = workload.full_model(args, info.device)
+    else:
+        model = build_model(llama_config(args), args.seed, dtype).to(info.device)
+    return stage_module(model, rank, p) if staged else model
+# [end-build]
+
+
+def reference_digest(args, info) -> dict[str, str]:
     """The full model trained in one process from step 0, uninterrupted: what every run must equal."""
-    model = workload.full_model(args, device)
+    device = info.device
+    model = build(args, info, staged=False)
     optimizer, scheduler = make_optimizer(model, args)
     for step in range(args.steps):
         tokens, targets = workload.make_batch(args, step, device)
@@ -139,9 +188,7 @@ def body(args: argparse.Namespace, info) -> int:
         # and the last bits differ from a checkpoint written under torchrun
         torch.set_num_threads(1)
     log = tqdm.write if info.is_last else (lambda _: None)  # the last stage sees the losses
-    model = workload.full_model(args, info.device)  # float32 weights under --dtype bfloat16
-    if staged:
-        model = stage_module(model, info.rank, info.world_size)
+    model = build(args, info, staged)
     options = ckpt.FLAT if args.optim_state == "flat" else ckpt.NESTED
     # [start-resume]
     optimizer, scheduler = make_optimizer(model, args)
@@ -198,7 +245,7 @@ def body(args: argparse.Namespace, info) -> int:
     everyone = ppdist.gather_to_rank0(mine) if staged else [mine]
     ok = None
     if args.check:
-        ref = reference_digest(args, info.device)
+        ref = reference_digest(args, info)
         ok = all(ref[k] == v for k, v in mine["digest"].items())
         if staged:
             flags = [None] * info.world_size
@@ -206,13 +253,16 @@ def body(args: argparse.Namespace, info) -> int:
             ok = all(flags)
     if info.rank != 0:
         return 0 if ok in (None, True) else 1
+    if args.to_hf:  # one process reads every rank's files: the whole model, once, for inference
+        hf.export(ckpt.step_dir(args.save_dir, args.steps), args.to_hf, llama_config(args))
+        print(f"wrote {args.to_hf}: step {args.steps} as Hugging Face safetensors and config.json")
     merged = {k: v for e in everyone for k, v in e["digest"].items()}
     if ok is not None:
         print("MATCH: bitwise equal to the full model trained in one process without interruption" if ok
               else "MISMATCH: this run differs from the uninterrupted one-process run")
     cli.write_json(args.json, {
         "world_size": info.world_size, "process_group": staged, "layers_per_stage": assign_layers(args.layers, info.world_size),
-        "start_step": start, "steps": args.steps, "dtype": args.dtype, "resumed_from": str(args.resume_path) if args.resume_path else None,
+        "start_step": start, "steps": args.steps, "dtype": args.dtype, "model": args.model, "to_hf": args.to_hf, "resumed_from": str(args.resume_path) if args.resume_path else None,
         "losses": {str(k): v for k, v in everyone[-1]["losses"].items()}, "saved": saved,
         "digest": merged, "rng_after": [e["rng"] for e in everyone], "match": ok, "torch_version": torch.__version__})
     return 1 if ok is False else 0

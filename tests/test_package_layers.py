@@ -20,11 +20,11 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("the torch-free planner (a subpackage: its schedules, simulator, memory, search)", ["planner"]),
     ("models, stage placement, driving a schedule, training pieces, nodes",
      ["models", "stages", "driver", "training", "nodes"]),
-    ("built on a model or a timeline: balancing, skip models, the workload, timing, simulating, "
-     "orders torch does not ship",
-     ["split", "skip", "workload", "measure", "simulate", "custom_schedules"]),
+    ("built on a model or a timeline: balancing, skip models, Hugging Face models, the workload, timing, "
+     "simulating, orders torch does not ship",
+     ["split", "skip", "hf", "workload", "measure", "simulate", "custom_schedules"]),
     ("on the simulator or the workload: the scripts' command line, fitting the simulator to measured runs, "
-     "the site's explorer, memory in bytes per schedule",
+     "the planner page, memory in bytes per schedule",
      ["cli", "fit", "explorer", "memory"]),
     ("top: the planner", ["plan"]),
 ]

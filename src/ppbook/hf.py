@@ -1,0 +1,320 @@
+"""Hugging Face Llama models in and out of the book's pipelines.
+
+Introduced in chapter 4 ("Splitting a model": a ``transformers`` model through the pipeline, and
+published weights loaded into the book's Llama stages) and used in chapter 7 ("Checkpointing":
+a pipeline's checkpoint written as Hugging Face safetensors, and a pipeline started from one).
+
+The book's :class:`~ppbook.models.Llama` and ``transformers``' ``LlamaForCausalLM`` compute the
+same function. Their tensors differ in two ways only:
+
+* **names**: ``layers.3.attention.wq.weight`` is ``model.layers.3.self_attn.q_proj.weight``
+  (:data:`NAMES`, :func:`to_hf_name`, :func:`from_hf_name`);
+* **the rows of the query and key projections**: rotary embeddings rotate pairs of a head's
+  dimensions. The book (like Meta's original Llama code) pairs neighbours ``(2i, 2i+1)``;
+  ``transformers`` pairs the two halves, ``(i, i + head_dim/2)`` (its ``rotate_half``). Moving a
+  checkpoint between them reorders the rows of ``wq`` and ``wk`` within each head
+  (:func:`rope_to_hf`, :func:`rope_from_hf`); the attention scores, and so the model, are unchanged.
+
+Nothing here imports ``transformers``: reading and writing Hugging Face folders needs only
+``safetensors`` (imported when used) and JSON. :class:`Chain` wraps a ``transformers`` model a
+reader already has.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+from ppbook.models import Llama, LlamaConfig, rope_tables
+from ppbook.stages import assign_layers, stage_module
+
+#: (book name, Hugging Face name) of every tensor; ``{i}`` is a layer number.
+NAMES = [
+    ("tok_embeddings.weight", "model.embed_tokens.weight"),
+    ("layers.{i}.attention_norm.weight", "model.layers.{i}.input_layernorm.weight"),
+    ("layers.{i}.attention.wq.weight", "model.layers.{i}.self_attn.q_proj.weight"),
+    ("layers.{i}.attention.wk.weight", "model.layers.{i}.self_attn.k_proj.weight"),
+    ("layers.{i}.attention.wv.weight", "model.layers.{i}.self_attn.v_proj.weight"),
+    ("layers.{i}.attention.wo.weight", "model.layers.{i}.self_attn.o_proj.weight"),
+    ("layers.{i}.ffn_norm.weight", "model.layers.{i}.post_attention_layernorm.weight"),
+    ("layers.{i}.feed_forward.w1.weight", "model.layers.{i}.mlp.gate_proj.weight"),
+    ("layers.{i}.feed_forward.w3.weight", "model.layers.{i}.mlp.up_proj.weight"),
+    ("layers.{i}.feed_forward.w2.weight", "model.layers.{i}.mlp.down_proj.weight"),
+    ("norm.weight", "model.norm.weight"),
+    ("output.weight", "lm_head.weight"),
+]
+WEIGHTS, INDEX, CONFIG = "model.safetensors", "model.safetensors.index.json", "config.json"
+
+#: Largest logit difference accepted between the book's Llama and transformers' on the same
+#: weights. The two round differently, not more: transformers computes its rotary angles in
+#: float32 (the book in float64, then rounds) and its RMSNorm in float32 whatever the model's
+#: dtype, and orders a few sums differently. Both agree to a few float32 rounding units on logits
+#: of order one (about 2e-7 measured); float64 cannot do better, because of that float32 norm.
+TOLERANCE = 1e-5
+
+
+def require_libraries() -> None:
+    """A ``ValueError`` in one line when ``transformers`` or ``safetensors`` is missing."""
+    import importlib.util
+
+    missing = [m for m in ("transformers", "safetensors") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ValueError(f"{' and '.join(missing)} not installed: pip install -r requirements-reader.txt "
+                         f"(it pins transformers and safetensors)")
+
+
+def _pattern(template: str) -> re.Pattern:
+    return re.compile(re.escape(template).replace(r"\{i\}", r"(?P<i>\d+)") + "$")
+
+
+_TO_HF = [(_pattern(book), hf) for book, hf in NAMES]
+_FROM_HF = [(_pattern(hf), book) for book, hf in NAMES]
+
+
+def _rename(name: str, table, side: str) -> str:
+    for pattern, template in table:
+        if match := pattern.match(name):
+            return template.format(**match.groupdict())
+    raise KeyError(f"{name!r} is not a {side} Llama tensor name (ppbook.hf.NAMES lists them)")
+
+
+def to_hf_name(name: str) -> str:
+    """``layers.3.attention.wq.weight`` -> ``model.layers.3.self_attn.q_proj.weight``."""
+    return _rename(name, _TO_HF, "book")
+
+
+def from_hf_name(name: str) -> str:
+    """``model.layers.3.self_attn.q_proj.weight`` -> ``layers.3.attention.wq.weight``."""
+    return _rename(name, _FROM_HF, "Hugging Face")
+
+
+# [start-rope]
+def rope_to_hf(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Rows of a query or key projection (n_heads * hd, dim), from the
+    book's pairs (2i, 2i+1) to transformers' pairs (i, i + hd/2)."""
+    rows, cols = w.shape  # per head: rows 0, 2, 4, ... then rows 1, 3, 5, ...
+    pairs = w.view(n_heads, rows // n_heads // 2, 2, cols)  # (heads, hd/2, pair, dim)
+    return pairs.transpose(1, 2).reshape(rows, cols)
+
+
+def rope_from_hf(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """The inverse: transformers' halves back to the book's neighbours."""
+    rows, cols = w.shape
+    halves = w.view(n_heads, 2, rows // n_heads // 2, cols)  # (heads, half, hd/2, dim)
+    return halves.transpose(1, 2).reshape(rows, cols)
+# [end-rope]
+
+
+def _heads(name: str, cfg: LlamaConfig) -> int | None:
+    """How many heads' rows a tensor's rotary layout spans (None: not rotated)."""
+    return cfg.n_heads if name.endswith("wq.weight") else cfg.n_kv_heads if name.endswith("wk.weight") else None
+
+
+def tensor_to_hf(name: str, t: torch.Tensor, cfg: LlamaConfig) -> tuple[str, torch.Tensor]:
+    """A book tensor as Hugging Face stores it: its name and, for wq/wk, its rows reordered."""
+    heads = _heads(name, cfg)
+    return to_hf_name(name), rope_to_hf(t, heads) if heads else t
+
+
+# --- config.json ----------------------------------------------------------------------------
+def config_to_hf(cfg: LlamaConfig, dtype: torch.dtype = torch.float32) -> dict:
+    """The ``config.json`` of a ``LlamaForCausalLM`` that computes what the book's Llama does."""
+    return {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "vocab_size": cfg.vocab_size, "hidden_size": cfg.dim, "intermediate_size": cfg.ffn_hidden_dim,
+        "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads,
+        "num_key_value_heads": cfg.n_kv_heads, "head_dim": cfg.dim // cfg.n_heads,
+        "max_position_embeddings": cfg.max_seq_len, "rms_norm_eps": cfg.norm_eps,
+        "rope_theta": cfg.rope_theta, "rope_scaling": None, "hidden_act": "silu",
+        "attention_bias": False, "mlp_bias": False, "attention_dropout": 0.0,
+        "tie_word_embeddings": False, "use_cache": True,
+        "dtype": str(dtype).removeprefix("torch."),
+    }
+
+
+def config_from_hf(d: dict) -> tuple[LlamaConfig, bool]:
+    """The book's config of a Hugging Face Llama ``config.json`` and whether its output head is
+    tied to the embedding; a ``ValueError`` naming what the book's Llama does not implement."""
+    if d.get("model_type") != "llama":
+        raise ValueError(f"config.json has model_type {d.get('model_type')!r}; the book's Llama loads 'llama' only")
+    rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    dim, heads = d["hidden_size"], d["num_attention_heads"]
+    problems = [
+        f"rope_type {kind!r} (the book's Llama has plain rotary embeddings)" if kind != "default" else "",
+        f"hidden_act {d.get('hidden_act')!r} (SwiGLU uses silu)" if d.get("hidden_act", "silu") != "silu" else "",
+        "biases (attention_bias or mlp_bias)" if d.get("attention_bias") or d.get("mlp_bias") else "",
+        f"head_dim {d['head_dim']} != hidden_size / num_attention_heads"
+        if d.get("head_dim") not in (None, dim // heads) else "",
+    ]
+    if any(problems):
+        raise ValueError("this Llama config has what the book's Llama does not implement: "
+                         + "; ".join(p for p in problems if p) + "; use transformers' own model for it")
+    cfg = LlamaConfig(vocab_size=d["vocab_size"], dim=dim, n_layers=d["num_hidden_layers"], n_heads=heads,
+                      n_kv_heads=d.get("num_key_value_heads") or heads, ffn_hidden_dim=d["intermediate_size"],
+                      max_seq_len=d["max_position_embeddings"], norm_eps=d.get("rms_norm_eps", 1e-6),
+                      rope_theta=float(rope.get("rope_theta", d.get("rope_theta", 10000.0))))
+    return cfg, bool(d.get("tie_word_embeddings", False))
+
+
+def read_config(folder: str | Path) -> tuple[LlamaConfig, bool]:
+    """:func:`config_from_hf` of ``folder/config.json``."""
+    path = Path(folder) / CONFIG
+    if not path.is_file():
+        raise ValueError(f"{folder} has no {CONFIG}: pass a folder saved by save_pretrained or downloaded "
+                         f"from the Hugging Face Hub (with its *.safetensors)")
+    return config_from_hf(json.loads(path.read_text()))
+
+
+# --- weights in -----------------------------------------------------------------------------
+def weight_files(folder: str | Path) -> dict[str, Path]:
+    """Which file of ``folder`` holds each Hugging Face tensor: one ``model.safetensors``, or the
+    shards that ``model.safetensors.index.json`` lists (large models come in shards)."""
+    from safetensors import safe_open
+
+    folder = Path(folder)
+    if (folder / INDEX).is_file():
+        return {n: folder / f for n, f in json.loads((folder / INDEX).read_text())["weight_map"].items()}
+    if not (folder / WEIGHTS).is_file():
+        raise ValueError(f"{folder} has neither {WEIGHTS} nor {INDEX}")
+    with safe_open(folder / WEIGHTS, framework="pt") as f:
+        return {n: folder / WEIGHTS for n in f.keys()}
+
+
+def sources(names, tied: bool) -> dict[str, str]:
+    """The Hugging Face tensor each of a stage's tensors (book ``names``) is read from. A tied
+    model stores no ``lm_head.weight``: its head reads the embedding."""
+    return {n: "model.embed_tokens.weight" if tied and n == "output.weight" else to_hf_name(n) for n in names}
+
+
+# [start-load]
+@torch.no_grad()
+def load_stage(folder: str | Path, stage_index: int = 0, num_stages: int = 1,
+               layers: list[int] | None = None, dtype: torch.dtype = torch.float32,
+               device: torch.device | str = "cpu") -> Llama:
+    """Stage ``stage_index`` of ``num_stages`` of the book's Llama with the
+    weights of a Hugging Face folder, reading only this stage's tensors."""
+    from safetensors import safe_open
+
+    cfg, tied = read_config(folder)
+    with torch.device("meta"):  # shapes only: the full model never exists
+        model = Llama(cfg)
+    stage_module(model, stage_index, num_stages, layers).to_empty(device="cpu")
+    files, wanted = weight_files(folder), sources(model.state_dict(), tied)
+    state = {}
+    for file in sorted({files[hf_name] for hf_name in wanted.values()}):
+        with safe_open(file, framework="pt") as f:  # lazy: reads a tensor when asked
+            for name, hf_name in wanted.items():
+                if files[hf_name] == file:
+                    t, heads = f.get_tensor(hf_name), _heads(name, cfg)
+                    state[name] = rope_from_hf(t, heads) if heads else t
+    model.load_state_dict(state, strict=True)
+    cos, sin = rope_tables(cfg.dim // cfg.n_heads, cfg.max_seq_len, cfg.rope_theta)
+    model.rope_cos.copy_(cos)  # to_empty left the rotary tables empty
+    model.rope_sin.copy_(sin)
+    return model.to(dtype).to(device)
+# [end-load]
+
+
+# --- weights out ----------------------------------------------------------------------------
+def save(state_dict: dict[str, torch.Tensor], cfg: LlamaConfig, folder: str | Path,
+         dtype: torch.dtype | None = None) -> Path:
+    """Write the book's full-model ``state_dict`` as a Hugging Face folder:
+    model.safetensors (transformers' names and rotary rows) and config.json."""
+    from safetensors.torch import save_file
+
+    missing = sorted(set(full_names(cfg)) - set(state_dict))
+    if missing:
+        raise ValueError(f"the state dict lacks {len(missing)} tensors of the "
+                         f"full model (e.g. {missing[0]}): pass a model's, "
+                         f"not a stage's")
+    out = {}
+    for name, t in state_dict.items():
+        hf_name, t = tensor_to_hf(name, t.detach().cpu(), cfg)
+        out[hf_name] = t.to(dtype or t.dtype).contiguous()
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(out, folder / WEIGHTS, metadata={"format": "pt"})  # as transformers saves
+    config = config_to_hf(cfg, dtype or next(iter(out.values())).dtype)
+    (folder / CONFIG).write_text(json.dumps(config, indent=1))
+    return folder
+
+
+def full_names(cfg: LlamaConfig) -> list[str]:
+    """Every tensor name of the book's full Llama of ``cfg`` (the persistent state dict)."""
+    return [book.format(i=i) for book, _ in NAMES for i in (range(cfg.n_layers) if "{i}" in book else [0])]
+
+
+def export(checkpoint: str | Path, folder: str | Path, cfg: LlamaConfig,
+           dtype: torch.dtype | None = None) -> Path:
+    """A pipeline's DCP checkpoint (any number of stages) as a Hugging
+    Face folder that ``LlamaForCausalLM.from_pretrained`` loads; in one
+    process, like :func:`ppbook.checkpoint.export`."""
+    from ppbook import checkpoint as ckpt
+
+    with tempfile.TemporaryDirectory(prefix="ppbook-hf-") as tmp:
+        single = ckpt.export(checkpoint, Path(tmp) / "model.pt")
+        return save(torch.load(single, weights_only=True), cfg, folder, dtype)
+
+
+# --- a transformers model as a chain --------------------------------------------------------
+# [start-chain]
+class Chain(nn.Module):
+    """transformers' LlamaForCausalLM as a chain that a split can cut:
+    embedding, layers, norm, head, with transformers' tensor names."""
+
+    def __init__(self, hf_model: nn.Module):
+        super().__init__()
+        if hf_model.config._attn_implementation != "sdpa":
+            raise ValueError("Chain passes no attention mask and relies on sdpa's causal flag: "
+                             "load the model with attn_implementation='sdpa'")
+        inner = self.model = nn.Module()  # same names: model.layers.3...
+        inner.embed_tokens, inner.norm = hf_model.model.embed_tokens, hf_model.model.norm
+        inner.layers = nn.ModuleDict({str(i): layer for i, layer in enumerate(hf_model.model.layers)})
+        inner.rotary_emb, self.lm_head = hf_model.model.rotary_emb, hf_model.lm_head
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        inner = self.model
+        h = inner.embed_tokens(h) if inner.embed_tokens is not None else h  # (B, T, C)
+        for layer in inner.layers.values():
+            positions = torch.arange(h.shape[1], device=h.device)[None]  # (1, T)
+            # each layer's rotary tables from its own input: no stage needs another's
+            h = layer(h, position_embeddings=inner.rotary_emb(h, positions))
+        h = inner.norm(h) if inner.norm is not None else h
+        return self.lm_head(h) if self.lm_head is not None else h  # (B, T, vocab)
+# [end-chain]
+
+
+def chain_stage(chain: Chain, stage_index: int, num_stages: int, layers: list[int] | None = None) -> Chain:
+    """Cut a :class:`Chain`, in place, into stage ``stage_index`` of ``num_stages`` (layers keep
+    their names), as :func:`ppbook.stages.stage_module` cuts the book's models."""
+    if num_stages > 1 and chain.lm_head.weight is chain.model.embed_tokens.weight:
+        raise ValueError("this model ties its output head to its embedding: split, they become two copies "
+                         "(chapter 4, tied weights); untie it (tie_word_embeddings=False) or sum their gradients")
+    if layers is None:
+        layers = assign_layers(len(chain.model.layers), num_stages)[stage_index]
+    for name in list(chain.model.layers):
+        if int(name) not in layers:
+            del chain.model.layers[name]
+    if stage_index > 0:
+        chain.model.embed_tokens = None
+    if stage_index < num_stages - 1:
+        chain.model.norm = chain.lm_head = None
+    return chain
+
+
+def stage_sources(pipe) -> list[list[int | None]]:
+    """For each stage of a traced ``Pipe``, which stage each of its inputs comes from (``None``:
+    the model's own input). A chain has ``[[None], [0], [1], ...]``; a larger gap is a skip."""
+    stage_of, out = {}, []
+    for node in pipe.split_gm.graph.nodes:
+        if node.op == "call_module" and str(node.target).startswith("submod_"):
+            stage_of[node] = len(out)
+            # an input is a placeholder, or item k of an earlier stage's outputs (getitem)
+            out.append([stage_of.get(a.args[0] if a.op == "call_function" else a) for a in node.args])
+    return out
