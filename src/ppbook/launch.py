@@ -81,6 +81,8 @@ def child_env() -> dict:
     env.setdefault("PYTHONUNBUFFERED", "1")
     # The ranks' own progress bars are for people at a terminal, not for captured output.
     env.setdefault("TQDM_DISABLE", "1")
+    # Nothing launched from a page or a test downloads: Hugging Face's libraries read local files only.
+    env.setdefault("HF_HUB_OFFLINE", "1")
     return env
 
 

@@ -47,12 +47,14 @@ ENV = "PPBOOK_ZYGOTE"  # the server's socket path, for every process that may la
 FORCE_TORCHRUN = "PPBOOK_LAUNCHER"  # "torchrun": never fork
 # Imported once by the server: everything a companion script imports that takes long.
 PRELOAD = ("numpy", "torch", "torch.distributed.pipelining", "torch.distributed.checkpoint",
-           "torch.distributed.fsdp", "torch.distributed.tensor", "torch.nn.parallel", "tqdm", "tqdm.auto")
+           "torch.distributed.fsdp", "torch.distributed.tensor", "torch.nn.parallel", "tqdm", "tqdm.auto",
+           # chapters 4 and 7's Hugging Face runs: 1-2.5 s per rank to import, paid here once
+           "transformers", "transformers.models.llama.modeling_llama", "safetensors.torch")
 # Variables read when Python, torch, OpenMP or tqdm start up: a launch whose value differs from
 # the server's would behave differently in a forked rank, so it runs torchrun instead.
 # OMP_NUM_THREADS is the exception: a rank applies its own with torch.set_num_threads.
 MUST_MATCH = ("PYTHON", "TORCH", "PYTORCH", "OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS", "NUMPY",
-              "CUDA", "NCCL", "GLOO", "TQDM_", "LD_", "MALLOC", "TMPDIR")
+              "CUDA", "NCCL", "GLOO", "TQDM_", "LD_", "MALLOC", "TMPDIR", "HF_", "TRANSFORMERS_")
 # When a rank fails, torchrun notices at its next look (every 0.1 s) and only then stops the
 # others. A peer whose connection the failed rank closed fails at once and says so ("Connection
 # closed by peer", which chapter A3 teaches readers to look past); stopped the instant the first
