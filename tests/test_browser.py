@@ -149,7 +149,8 @@ def plan_cli(tmp_path, *args: str) -> dict:
 
 def layout_words(layout: dict) -> str:
     """A layout (the page's fields) in the words of the CLI's --layout."""
-    return " ".join(f"{k}={layout[f]}" for k, f in (("tp", "tp"), ("pp", "p"), ("dp", "dp"), ("schedule", "schedule"),
+    return " ".join(f"{k}={layout[f]}" for k, f in (("tp", "tp"), ("pp", "p"), ("dp", "dp"), ("ep", "ep"),
+                                                     ("schedule", "schedule"),
                                                      ("v", "v"), ("b", "b"), ("m", "m"), ("sharding", "sharding"),
                                                      ("recompute", "recompute"), ("balance", "balance")))
 

@@ -142,6 +142,9 @@ def plan_requests() -> list[search.Request]:
                                           "megatron-18b", "opt-175b", "llama3-70b")]
     models.append(shapes.from_hf_config(HF_CONFIGS["qwen2.5-7b"], "config.json"))
     models.append(shapes.from_hf_config(HF_CONFIGS["bloom-176b"], "config.json"))
+    # many small experts (DeepSeekMoE 16B's sizes): expert parallelism up to 32, across nodes
+    models.append(shapes.custom("moe-16b", 102400, 2048, 28, 16, 16, 10944, experts=64, top_k=6, expert_ffn=1408,
+                                shared_experts=2, dense_layers=1))
     gpus = list(H.GPUS.values())
     out = []
     for k in range(40):
@@ -208,6 +211,8 @@ def test_forty_plans_are_the_pythons(js):
         assert sorted(map(tuple, answer["dropped"])) == sorted((o.layout.label(), o.why_not) for o in dropped), k
         ranked += bool(expected)
     assert refused >= 2 and ranked >= 30  # both branches are exercised
+    expert_parallel = [a["label"] for answer in got for a in answer.get("ranked", []) if " ep=" in a["label"]]
+    assert any(" ep=16 " in x or " ep=32 " in x for x in expert_parallel)  # across nodes too
 
 
 def sample_layouts(count: int = 320) -> list[tuple[int, search.Layout]]:
@@ -239,6 +244,7 @@ def test_three_hundred_layouts_are_the_pythons(js):
                 assert (r, st, kind, mb) == (e.rank, e.stage, e.kind, e.microbatch)
                 assert close(start, e.start) and close(end, e.end), (k, layout.label())
     assert schedules_seen == set(S.TORCH_SCHEDULES) | {search.NO_PIPELINE}
+    assert any(c.ep > 1 and c.schedule == "DualPipeV" for _, c in chosen) and any(c.ep > 1 for _, c in chosen)
 
 
 # --- the page -------------------------------------------------------------------------------------------------

@@ -92,7 +92,8 @@
     h("p", {id: "ppx-summary", class: "ppx-note"}),
     h("fieldset", {id: "ppx-layout"}, [h("legend", {text: "The selected layout (change any part)"}),
       field("tp", dropdown("ppx-tp")), field("p", dropdown("ppx-p")), field("schedule", dropdown("ppx-schedule")),
-      field("v", dropdown("ppx-v")), field("m", dropdown("ppx-m")), field("sharding", dropdown("ppx-sharding")),
+      field("v", dropdown("ppx-v")), field("m", dropdown("ppx-m")), field("ep", dropdown("ppx-ep")),
+      field("sharding", dropdown("ppx-sharding")),
       field("recompute", dropdown("ppx-recompute")), field("balance", dropdown("ppx-balance")),
       h("span", {id: "ppx-derived", class: "ppx-note"})]),
     h("p", {id: "ppx-layout-stats", class: "ppx-stats"}),
@@ -221,15 +222,17 @@
   }
 
   function table(rows) {
-    const head = ["", "tp", "pp", "v", "dp", "sharding", "schedule", "b", "m", "recompute", "step", "tok/s/GPU", "MFU",
-      "bubble", "GB/GPU"];
+    const experts = rows.slice(0, TOP).some((o) => (o.layout.ep || 1) > 1);  // an ep column where it is used
+    const head = ["", "tp", "pp", "v", "dp"].concat(experts ? ["ep"] : []).concat(["sharding", "schedule", "b", "m",
+      "recompute", "step", "tok/s/GPU", "MFU", "bubble", "GB/GPU"]);
     const t = $("ppx-table");
     t.replaceChildren(h("thead", {}, [h("tr", {}, head.map((x) => h("th", {text: x})))]));
     const body = h("tbody");
     rows.slice(0, TOP).forEach((o, i) => {
       const L = o.layout;
-      const cells = [i + 1, L.tp, L.p, L.v, L.dp, L.sharding, L.schedule, L.b, L.m, L.recompute, seconds(o.step_s),
-        Math.round(o.tokens_per_s_per_gpu), Math.round(100 * o.mfu) + "%", pct(o.bubble), gb(o.peak_bytes)];
+      const cells = [i + 1, L.tp, L.p, L.v, L.dp].concat(experts ? [L.ep] : []).concat([L.sharding, L.schedule, L.b, L.m,
+        L.recompute, seconds(o.step_s),
+        Math.round(o.tokens_per_s_per_gpu), Math.round(100 * o.mfu) + "%", pct(o.bubble), gb(o.peak_bytes)]);
       const tr = h("tr", {tabindex: 0, "data-label": o.label, "data-step-s": o.step_s, "data-peak-bytes": o.peak_bytes,
                           "data-bubble": o.bubble, title: o.label}, cells.map((c) => h("td", {text: String(c)})));
       tr.addEventListener("click", () => choose(L));
@@ -267,6 +270,8 @@
     const perReplica = req.global_batch % L.dp === 0 ? req.global_batch / L.dp : 0;
     const ms = perReplica ? divisors(perReplica) : [L.m];
     options($("ppx-m"), ms, ms.map((m) => m + " (b=" + (perReplica / m) + ")"), L.m);
+    options($("ppx-ep"), planner.expertParallelSizes(L.dp), null, L.ep || 1);
+    $("ppx-ep").disabled = !req.model.experts;
     options($("ppx-sharding"), L.dp > 1 ? data.choices.sharding : ["none"], null, L.sharding);
     options($("ppx-recompute"), data.choices.recompute, null, L.recompute);
     options($("ppx-balance"), L.p > 1 ? data.choices.balance : ["even"], null, L.balance);
@@ -299,11 +304,13 @@
     }
     b = req.global_batch / (dp * m);
     if (!Number.isInteger(b)) b = 0;  // draw() says why
+    const eps = planner.expertParallelSizes(dp), wanted = Number($("ppx-ep").value) || 1;
+    const ep = eps.includes(wanted) ? wanted : eps.filter((e) => e <= wanted).pop() || 1;  // dp moved: the nearest below
     return P.layout(tp, p, dp, schedule, v, b, m, dp > 1 ? $("ppx-sharding").value : "none", $("ppx-recompute").value,
-                    p > 1 ? $("ppx-balance").value : "even");
+                    p > 1 ? $("ppx-balance").value : "even", ep);
   }
 
-  for (const name of ["tp", "p", "schedule", "v", "m", "sharding", "recompute", "balance"])
+  for (const name of ["tp", "p", "schedule", "v", "m", "ep", "sharding", "recompute", "balance"])
     $("ppx-" + name).addEventListener("change", () => choose(fromControls(name)));
 
   // --- drawing the selected layout -----------------------------------------------------------------

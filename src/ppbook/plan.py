@@ -66,6 +66,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--headroom", type=float, default=0.1, help="fraction of each GPU kept free")
     g = p.add_argument_group("what to search (default: everything)")
     g.add_argument("--tp", type=int, nargs="+", default=None, help="tensor-parallel sizes to try")
+    g.add_argument("--ep", type=int, nargs="+", default=None,
+                   help="expert-parallel sizes to try, for a mixture of experts (default: every one dividing the "
+                        "data-parallel size and the experts)")
     g.add_argument("--max-p", type=int, default=32, help="largest pipeline size tried")
     g.add_argument("--max-v", type=int, default=4, help="most stages per rank of the looped schedules")
     g.add_argument("--microbatch-sizes", type=int, nargs="+", default=None)
@@ -144,13 +147,14 @@ def request_from(args: argparse.Namespace) -> search.Request:
         bad = [x for x in values if x not in allowed]
         if bad:
             raise ValueError(f"{flag}: unknown {', '.join(map(repr, bad))}; use some of {', '.join(allowed)}")
-    for flag, values in (("--tp", args.tp or []), ("--microbatch-sizes", args.microbatch_sizes or [])):
+    for flag, values in (("--tp", args.tp or []), ("--ep", args.ep or []),
+                         ("--microbatch-sizes", args.microbatch_sizes or [])):
         for x in values:
             _finite(flag, x, 1, inclusive=True)
     req = search.Request(model, gpu, args.gpus, args.gpus_per_node, args.global_batch, args.seq_len,
                          links["intra"], links["inter"], recipe=args.recipe, kernels=args.kernels,
                          sequence_parallel=not args.no_sequence_parallel, headroom=args.headroom,
-                         tps=tuple(args.tp or ()), max_p=args.max_p, max_v=args.max_v,
+                         tps=tuple(args.tp or ()), eps=tuple(args.ep or ()), max_p=args.max_p, max_v=args.max_v,
                          max_microbatch_size=args.max_microbatch_size, microbatch_sizes=tuple(args.microbatch_sizes or ()),
                          schedules=tuple(args.schedules), shardings=tuple(args.sharding),
                          recomputes=tuple(args.recompute), balances=tuple(args.balance),
@@ -159,6 +163,10 @@ def request_from(args: argparse.Namespace) -> search.Request:
         raise ValueError(f"no --tp of {args.tp} divides the {args.gpus} GPUs, the {model.heads} heads, the "
                          f"{model.kv_heads} key/value heads and the MLP width {model.ffn} within a node of "
                          f"{args.gpus_per_node}; try --tp 1 2 4 8")
+    if args.ep and not model.moe and args.ep != [1]:
+        raise ValueError(f"--ep: {model.name} has no experts; expert parallelism needs a mixture of experts")
+    if args.ep and model.moe and not any(model.experts % e == 0 for e in args.ep):
+        raise ValueError(f"--ep: none of {args.ep} divides the {model.experts} experts")
     problem = search.request_problem(req)
     if problem:
         raise ValueError(problem)
@@ -166,7 +174,7 @@ def request_from(args: argparse.Namespace) -> search.Request:
 
 
 def parse_layout(text: str, req: search.Request) -> search.Layout:
-    """A layout from ``key=value`` words (tp, pp, dp, schedule, v, b, m, sharding, recompute,
+    """A layout from ``key=value`` words (tp, pp, dp, ep, schedule, v, b, m, sharding, recompute,
     balance); what is left out is taken from the request (dp and m from the GPUs and the batch)."""
     fields = {}
     for word in text.replace(",", " ").split():
@@ -174,16 +182,16 @@ def parse_layout(text: str, req: search.Request) -> search.Layout:
             raise ValueError(f"--layout: {word!r} is not key=value (e.g. tp=8 pp=4 schedule=1F1B)")
         k, v = word.split("=", 1)
         fields[k.strip()] = v.strip()
-    known = {"tp", "pp", "dp", "schedule", "v", "b", "m", "sharding", "recompute", "balance"}
+    known = {"tp", "pp", "dp", "ep", "schedule", "v", "b", "m", "sharding", "recompute", "balance"}
     unknown = set(fields) - known
     if unknown:
         raise ValueError(f"--layout: unknown key {sorted(unknown)[0]!r}; use {', '.join(sorted(known))}")
     try:
         tp, pp = int(fields.get("tp", 1)), int(fields.get("pp", 1))
-        b = int(fields.get("b", 1))
+        b, ep = int(fields.get("b", 1)), int(fields.get("ep", 1))
         v = int(fields["v"]) if "v" in fields else None
     except ValueError as e:
-        raise ValueError(f"--layout: tp, pp, dp, v, b and m are whole numbers ({e})") from None
+        raise ValueError(f"--layout: tp, pp, dp, ep, v, b and m are whole numbers ({e})") from None
     if min(tp, pp, b) < 1 or req.gpus % (tp * pp):
         raise ValueError(f"--layout: tp {tp} x pp {pp} must divide the {req.gpus} GPUs (and each be at least 1)")
     dp = int(fields.get("dp", req.gpus // (tp * pp)))
@@ -207,7 +215,10 @@ def parse_layout(text: str, req: search.Request) -> search.Layout:
                                  ("balance", balance, search.BALANCES)):
         if value not in allowed:
             raise ValueError(f"--layout: {name}={value!r}; use one of {', '.join(allowed)}")
-    layout = search.Layout(tp, pp, dp, schedule, v, b, m, sharding, recompute, balance)
+    if ep > 1 and (not req.model.moe or dp % ep or req.model.experts % ep):
+        raise ValueError(f"--layout: ep {ep} must divide dp {dp} and the model's experts "
+                         f"({req.model.experts if req.model.moe else 'none: a dense model'})")
+    layout = search.Layout(tp, pp, dp, schedule, v, b, m, sharding, recompute, balance, max(1, ep))
     problem = search.constraint_problem(layout, req)
     if problem:
         raise ValueError(f"--layout: {problem}")
@@ -234,11 +245,14 @@ def header(req: search.Request) -> list[str]:
 
 
 def table(ranked: list[search.Prediction], top: int) -> list[str]:
-    rows = [f"{'':>3} {'tp':>2} {'pp':>3} {'v':>2} {'dp':>4} {'sharding':>8} {'schedule':>21} {'b':>2} {'m':>5} "
+    experts = any(o.layout.ep > 1 for o in ranked[:top])  # an ep column only where expert parallelism is used
+    rows = [f"{'':>3} {'tp':>2} {'pp':>3} {'v':>2} {'dp':>4} " + (f"{'ep':>3} " if experts else "") +
+            f"{'sharding':>8} {'schedule':>21} {'b':>2} {'m':>5} "
             f"{'recompute':>9} {'step s':>8} {'tok/s/GPU':>9} {'MFU':>5} {'bubble':>6} {'GB/GPU':>6}"]
     for i, o in enumerate(ranked[:top], 1):
         c = o.layout
-        rows.append(f"{i:>3} {c.tp:>2} {c.p:>3} {c.v:>2} {c.dp:>4} {c.sharding:>8} {c.schedule:>21} {c.b:>2} "
+        rows.append(f"{i:>3} {c.tp:>2} {c.p:>3} {c.v:>2} {c.dp:>4} " + (f"{c.ep:>3} " if experts else "") +
+                    f"{c.sharding:>8} {c.schedule:>21} {c.b:>2} "
                     f"{c.m:>5} {c.recompute:>9} {o.step_s:>8.2f} {o.tokens_per_s_per_gpu:>9.0f} "
                     f"{100 * o.mfu:>4.0f}% {100 * o.bubble:>5.1f}% {o.peak_gb:>6.1f}")
     return rows
@@ -320,7 +334,8 @@ def export(pred: search.Prediction, req: search.Request, kind: str) -> str:
                  f"data_parallel_shard_degree = {c.dp if c.sharding == 'fsdp' else 1}",
                  f"data_parallel_replicate_degree = {1 if c.sharding == 'fsdp' else c.dp}",
                  f"pipeline_parallel_schedule = \"{schedule}\"",
-                 f"pipeline_parallel_microbatch_size = {c.b}", "",
+                 f"pipeline_parallel_microbatch_size = {c.b}"] + \
+                ([f"expert_parallel_degree = {c.ep}"] if c.ep > 1 else []) + ["",
                  "[activation_checkpoint]", f"mode = \"{ac}\""] + (['selective_ac_option = "op"'] if ac == "selective" else []) + \
                 ["", "[training]", f"local_batch_size = {c.b * c.m}", f"global_batch_size = {req.global_batch}",
                  f"seq_len = {req.seq_len}"]
@@ -332,6 +347,8 @@ def export(pred: search.Prediction, req: search.Request, kind: str) -> str:
         return "\n".join(lines)
     args = [f"--tensor-model-parallel-size {c.tp}", f"--pipeline-model-parallel-size {c.p}",
             f"--micro-batch-size {c.b}", f"--global-batch-size {req.global_batch}", f"--seq-length {req.seq_len}"]
+    if c.ep > 1:
+        args.append(f"--expert-model-parallel-size {c.ep}")
     if c.schedule in ("Interleaved1F1B",) and c.v > 1:
         per_chunk = max(1, req.model.layers // (c.p * c.v))
         args.append(f"--num-layers-per-virtual-pipeline-stage {per_chunk}")

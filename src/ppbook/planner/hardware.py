@@ -42,6 +42,13 @@ class Link:
             return 0.0
         return 2 * (n - 1) * self.latency + traffic.allreduce_bytes_per_rank(nbytes, n) / self.bandwidth
 
+    def alltoall(self, nbytes: float, n: int) -> float:
+        """Seconds for an all-to-all among ``n`` ranks, each sending its ``nbytes`` spread evenly
+        (``(n - 1) / n`` of them leave the rank; 0 if n = 1)."""
+        if n <= 1:
+            return 0.0
+        return (n - 1) * self.latency + traffic.alltoall_bytes_per_rank(nbytes, n) / self.bandwidth
+
     def gather(self, nbytes: float, n: int) -> float:
         """Seconds for a ring all-gather (or reduce-scatter) of a tensor of ``nbytes`` in all
         among ``n`` ranks: each sends ``(n - 1) / n`` of it (0 if n = 1)."""

@@ -347,6 +347,12 @@
     return norms + attentionParameters(s) + mlpParameters(s, s.ffn);
   }
 
+  // port of routed_expert_parameters
+  function routedExpertParameters(s, index) {
+    if (!(isMoe(s) && index >= s.dense_layers)) return 0;
+    return s.experts * mlpParameters(s, s.expert_ffn);
+  }
+
   function activeLayerParameters(s, index) {
     if (!(isMoe(s) && index >= s.dense_layers)) return layerParameters(s, index);
     var norms = 2 * normParams(s, s.hidden);
@@ -454,6 +460,11 @@
   function linkTime(link, nbytes) { return link.latency + nbytes / link.bandwidth; }
   function linkAllreduce(link, nbytes, n) {
     return n <= 1 ? 0 : 2 * (n - 1) * link.latency + allreduceBytes(nbytes, n) / link.bandwidth;
+  }
+  function alltoallBytes(nbytes, n) { return (n - 1) / n * nbytes; }
+  function expertDispatchBytes(b, seq, hidden, topK, dt, tp) { return b * seq * topK * hidden * dt / (tp || 1); }
+  function linkAlltoall(link, nbytes, n) {
+    return n <= 1 ? 0 : (n - 1) * link.latency + alltoallBytes(nbytes, n) / link.bandwidth;
   }
   function linkGather(link, nbytes, n) {
     return n <= 1 ? 0 : (n - 1) * link.latency + gatherBytes(nbytes, n) / link.bandwidth;
@@ -641,13 +652,14 @@
   function label(L) {
     var pipe = L.schedule === NO_PIPELINE ? "no pipeline" : L.schedule + " p=" + L.p + (L.v > 1 ? " v=" + L.v : "");
     var ends = L.balance === "ends" && L.p > 1 ? " ends" : "";
-    return "tp=" + L.tp + " " + pipe + ends + " dp=" + L.dp + " " + L.sharding + " b=" + L.b + " m=" + L.m +
+    var ep = (L.ep || 1) > 1 ? " ep=" + L.ep : "";
+    return "tp=" + L.tp + " " + pipe + ends + " dp=" + L.dp + ep + " " + L.sharding + " b=" + L.b + " m=" + L.m +
       " recompute=" + L.recompute;
   }
 
-  function layout(tp, p, dp, schedule, v, b, m, sharding, recompute, balance) {
+  function layout(tp, p, dp, schedule, v, b, m, sharding, recompute, balance, ep) {
     return {tp: tp, p: p, dp: dp, schedule: schedule, v: v, b: b, m: m, sharding: sharding, recompute: recompute,
-      balance: balance || "even"};
+      balance: balance || "even", ep: ep || 1};
   }
 
   function usableBytes(req) { return req.gpu.memory_gb * GB * (1 - req.headroom); }
@@ -656,7 +668,7 @@
     // req: {model, gpu, gpus, gpus_per_node, global_batch, seq_len, intra, inter, recipe, kernels,
     //       sequence_parallel, headroom, tps, max_p, max_v, max_microbatch_size, microbatch_sizes,
     //       schedules, shardings, recomputes, balances, measured_costs}
-    var defaults = {recipe: "bf16", kernels: "fused", sequence_parallel: true, headroom: 0.1, tps: [], max_p: 32,
+    var defaults = {recipe: "bf16", kernels: "fused", sequence_parallel: true, headroom: 0.1, tps: [], eps: [], max_p: 32,
       max_v: 4, max_microbatch_size: 8, microbatch_sizes: [], schedules: TORCH_SCHEDULES, shardings: SHARDING,
       recomputes: RECOMPUTE, balances: ["even", "ends"], measured_costs: true};
     for (var k in defaults) if (req[k] === undefined) req[k] = defaults[k];
@@ -718,27 +730,37 @@
     });
   };
 
+  // port of expert_parallel_sizes
+  Planner.prototype.expertParallelSizes = function (dp) {
+    var s = this.req.model, opts = this.req.eps.length ? this.req.eps : [];
+    if (!isMoe(s)) return [1];
+    if (!opts.length) for (var e = 1; e <= dp; e++) opts.push(e);
+    return opts.filter(function (e) { return dp % e === 0 && s.experts % e === 0; });
+  };
+
   Planner.prototype.candidates = function () {
-    var req = this.req, out = [], tps = this.tensorParallelSizes();
+    var self = this, req = this.req, out = [], tps = this.tensorParallelSizes();
     var bs = req.microbatch_sizes.length ? req.microbatch_sizes : [1, 2, 4, 8, 16, 32].filter(function (x) { return x <= req.max_microbatch_size; });
     tps.forEach(function (tp) {
       var ranks = req.gpus / tp;
       for (var p = 1; p <= ranks; p++) {
         if (ranks % p || p > Math.min(req.model.layers, req.max_p)) continue;
         var dp = ranks / p;
-        bs.forEach(function (b) {
-          if (req.global_batch % (dp * b)) return;
-          var m = req.global_batch / (dp * b);
-          var names = p === 1 ? [NO_PIPELINE] : req.schedules;
-          names.forEach(function (name) {
-            var kind = name === NO_PIPELINE ? "single" : placement(name), vs = [];
-            if (kind === "loop") for (var v = 2; v <= req.max_v; v++) vs.push(v);
-            else vs.push(kind === "v" ? 2 : 1);
-            vs.forEach(function (v) {
-              (dp > 1 ? req.shardings : ["none"]).forEach(function (sharding) {
-                req.recomputes.forEach(function (recompute) {
-                  (p > 1 ? req.balances : ["even"]).forEach(function (balance) {
-                    out.push(layout(tp, p, dp, name, v, b, m, sharding, recompute, balance));
+        self.expertParallelSizes(dp).forEach(function (ep) {
+          bs.forEach(function (b) {
+            if (req.global_batch % (dp * b)) return;
+            var m = req.global_batch / (dp * b);
+            var names = p === 1 ? [NO_PIPELINE] : req.schedules;
+            names.forEach(function (name) {
+              var kind = name === NO_PIPELINE ? "single" : placement(name), vs = [];
+              if (kind === "loop") for (var v = 2; v <= req.max_v; v++) vs.push(v);
+              else vs.push(kind === "v" ? 2 : 1);
+              vs.forEach(function (v) {
+                (dp > 1 ? req.shardings : ["none"]).forEach(function (sharding) {
+                  req.recomputes.forEach(function (recompute) {
+                    (p > 1 ? req.balances : ["even"]).forEach(function (balance) {
+                      out.push(layout(tp, p, dp, name, v, b, m, sharding, recompute, balance, ep));
+                    });
                   });
                 });
               });
@@ -852,9 +874,29 @@
   };
 
   // port of _stage_costs_cached: {stage|kind: seconds}, estimated
-  Planner.prototype.stageCosts = function (tp, nStagesValue, balance, b, recompute) {
+  var OVERLAPS_ALL_TO_ALL = ["DualPipeV"];
+
+  // port of alltoall_seconds
+  Planner.prototype.alltoallSeconds = function (nbytes, ep, tp) {
+    var req = this.req;
+    if (ep <= 1) return 0;
+    if (ep * tp <= req.gpus_per_node) return linkAlltoall(req.intra, nbytes, ep);
+    var local = Math.max(1, Math.floor(req.gpus_per_node / tp));
+    var within = nbytes * (local - 1) / ep / req.intra.bandwidth;
+    var across = nbytes * (ep - local) / ep / req.inter.bandwidth;
+    return (ep - 1) * req.inter.latency + Math.max(within, across);
+  };
+
+  // port of _stage_costs: the per-microbatch seconds of each stage's F, I, W and B under layout L
+  Planner.prototype.costsOf = function (L) {
+    return this.stageCosts(L.tp, numStages(L), L.balance, L.b, L.recompute, L.ep || 1,
+                           OVERLAPS_ALL_TO_ALL.indexOf(L.schedule) >= 0);
+  };
+
+  Planner.prototype.stageCosts = function (tp, nStagesValue, balance, b, recompute, ep, overlap) {
     var self = this;
-    return this.cached("stagecosts", [tp, nStagesValue, balance, b, recompute].join("|"), function () {
+    ep = ep || 1; overlap = !!overlap;
+    return this.cached("stagecosts", [tp, nStagesValue, balance, b, recompute, ep, overlap].join("|"), function () {
       var req = self.req, s = req.model, layers = self.layersOf(nStagesValue, balance);
       var dense = layerCosts(s, req.gpu, b, req.seq_len, false, req.measured_costs);
       var moe = isMoe(s) ? layerCosts(s, req.gpu, b, req.seq_len, true, req.measured_costs) : dense;
@@ -862,6 +904,12 @@
       var estimated = !(dense.measured && head.measured);
       var actBytes = recipe(req.recipe).activation_bytes, tpHalf = 0;
       if (tp > 1) tpHalf = 2 * linkAllreduce(req.intra, boundaryBytes(b, req.seq_len, s.hidden, actBytes), tp);
+      var a2a = isMoe(s) && ep > 1 ?
+        2 * self.alltoallSeconds(expertDispatchBytes(b, req.seq_len, s.hidden, s.top_k, actBytes, tp), ep, tp) : 0;
+      var withA2a = function (compute, isM) {
+        if (!isM || !a2a) return compute;
+        return overlap ? Math.max(compute, a2a) : compute + a2a;
+      };
       var redo = {false: {none: 0, full: dense.F, selective: dense.F * self.selectiveShare(false)},
         true: {none: 0, full: moe.F, selective: moe.F * self.selectiveShare(true)}};
       var out = {}, n = layers.length;
@@ -871,8 +919,8 @@
           var isM = pair[0], count = pair[1];
           if (count) {
             var c = isM ? moe : dense;
-            f += count * (c.F / tp + tpHalf);
-            i += count * ((c.I + redo[isM][recompute]) / tp + tpHalf);
+            f += count * withA2a(c.F / tp + tpHalf, isM);
+            i += count * withA2a((c.I + redo[isM][recompute]) / tp + tpHalf, isM);
             w += count * c.W / tp;
           }
         });
@@ -894,13 +942,16 @@
       var dt = recipe(req.recipe).activation_bytes, tokens = b * req.seq_len, n = layers.length;
       var whole = (req.sequence_parallel || tp === 1) ? 0 :
         replicatedValues(s, req.kernels, recompute) * tokens * dt * (1 - 1 / tp);
-      var t = {per_mb: [], residual: [], params: [], block_params: [], blocks: []};
+      var t = {per_mb: [], residual: [], params: [], block_params: [], blocks: [], experts: []};
       layers.forEach(function (owned, st) {
         t.per_mb.push(stageActivationBytes(s, owned, tokens, st === 0, st === n - 1, dt, req.kernels, recompute, req.seq_len) / tp + owned.length * whole);
         t.residual.push(owned.length * valuesBytes(blockResidualValues(s), tokens, dt) / tp);
         t.params.push(stageParameters(s, owned, st === 0, st === n - 1) / tp);
         t.block_params.push(stageParameters(s, owned, false, false) / tp);
         t.blocks.push(owned.length);
+        var e = 0;
+        owned.forEach(function (i) { e += routedExpertParameters(s, i); });
+        t.experts.push(e / tp);
       });
       return t;
     });
@@ -937,21 +988,30 @@
     });
   };
 
-  Planner.prototype.stateOf = function (L, t, stages) {
-    var params = 0, blocks = 0, inBlocks = 0;
+  // port of _rank_state: {params (outside the routed experts), experts (this GPU's), state}
+  Planner.prototype.rankState = function (L, t, stages) {
+    var params = 0, experts = 0, blocks = 0, inBlocks = 0, ep = L.ep || 1, r = recipe(this.req.recipe);
     stages.forEach(function (s) { params += t.params[s]; });
-    var g = [0, 0];
+    stages.forEach(function (s) { experts += t.experts[s]; });
+    var dense = params - experts, local = experts / ep, g = [0, 0];
     if (L.sharding === "fsdp") {
       stages.forEach(function (s) { blocks += t.blocks[s]; });
       stages.forEach(function (s) { inBlocks += t.block_params[s]; });
-      g = fsdpGathered(inBlocks / blocks, params - inBlocks, blocks, L.p > 1);
+      inBlocks = inBlocks - experts + local;
+      g = fsdpGathered(inBlocks / blocks, dense + local - inBlocks, blocks, L.p > 1);
     }
-    return {params: params, state: stateBytes(params, recipe(this.req.recipe), L.sharding, L.dp, g[0], g[1])};
+    var state = stateBytes(dense, r, L.sharding, L.dp, g[0], g[1]);
+    if (local) {
+      var own = stateBytes(local, r, L.sharding, L.dp / ep);
+      state = {parameters: state.parameters + own.parameters, gradients: state.gradients + own.gradients,
+        optimizer: state.optimizer + own.optimizer};
+    }
+    return {params: dense, experts: local, state: state};
   };
 
   Planner.prototype.memoryFloor = function (L) {
     var req = this.req, t = this.tables(numStages(L), L.balance, L.b, L.recompute, L.tp), stages = this.owned(L, 0);
-    var st = this.stateOf(L, t, stages);
+    var st = this.rankState(L, t, stages);
     var transient = recomputeTransientBytes(req.model, L.b * req.seq_len, recipe(req.recipe).activation_bytes,
       req.kernels, L.recompute, req.seq_len) / L.tp;
     var minAct = Math.min.apply(null, stages.map(function (s) { return t.per_mb[s]; }));
@@ -963,7 +1023,7 @@
     var t = this.tables(numStages(L), L.balance, L.b, L.recompute, L.tp);
     var held = this.rankActivations(L.schedule, L.p, L.m, L.v, L.b, L.balance, L.recompute, L.tp), out = [];
     for (var rank = 0; rank < L.p; rank++) {
-      var stages = this.owned(L, rank), st = this.stateOf(L, t, stages).state;
+      var stages = this.owned(L, rank), st = this.rankState(L, t, stages).state;
       var r = {rank: rank, stages: stages, parameters: st.parameters, gradients: st.gradients, optimizer: st.optimizer,
         activations: held[rank][0], logits: held[rank][1]};
       r.total = r.parameters + r.gradients + r.optimizer + r.activations + r.logits;
@@ -972,26 +1032,37 @@
     return out;
   };
 
-  Planner.prototype.dpExposed = function (L, params, busy, lastBackward, firstForward) {
+  Planner.prototype.dpExposed = function (L, params, busy, lastBackward, firstForward, experts) {
     var req = this.req;
     if (L.dp === 1) return [0, 0];
     var r = recipe(req.recipe), link = L.dp * L.tp <= req.gpus_per_node ? req.intra : req.inter;
-    var weights = params * r.weight_bytes, grads = params * r.grad_bytes, n = L.dp;
+    var groups = [[params, L.dp]];
+    if (experts) groups.push([experts, L.dp / (L.ep || 1)]);
+    var allreduce = function (perParam) {
+      var t = 0;
+      groups.forEach(function (g) { t += linkAllreduce(link, g[0] * perParam, g[1]); });
+      return t;
+    };
+    var gather = function (perParam) {
+      var t = 0;
+      groups.forEach(function (g) { t += linkGather(link, g[0] * perParam, g[1]); });
+      return t;
+    };
     if (L.sharding === "none") {
-      var reduce = linkAllreduce(link, grads, n);
+      var reduce = allreduce(r.grad_bytes);
       return [reduce, Math.max(0, reduce - lastBackward)];
     }
     if (L.sharding === "zero1" || L.sharding === "zero2") {
       var reduces = L.sharding === "zero2" && L.m > 1 ? L.m : 1;
-      var rs = reduces * linkGather(link, grads, n), ag = linkGather(link, weights, n);
+      var rs = reduces * gather(r.grad_bytes), ag = gather(r.weight_bytes);
       if (reduces > 1) return [rs + ag, Math.max(0, rs - 2 * busy / 3) + Math.max(0, ag - firstForward)];
       return [rs + ag, Math.max(0, rs - lastBackward) + Math.max(0, ag - firstForward)];
     }
     if (L.p === 1) {
-      var total = L.m * (2 * linkGather(link, weights, n) + linkGather(link, grads, n));
+      var total = L.m * (2 * gather(r.weight_bytes) + gather(r.grad_bytes));
       return [total, Math.max(0, total - busy)];
     }
-    var ag2 = linkGather(link, weights, n), rs2 = linkGather(link, grads, n);
+    var ag2 = gather(r.weight_bytes), rs2 = gather(r.grad_bytes);
     return [ag2 + rs2, Math.max(0, ag2 - busy) + rs2];
   };
 
@@ -1050,7 +1121,7 @@
         (usableBytes(req) / GB).toFixed(1) + " GB usable, " + (worst[big] / GB).toFixed(1) + " GB of it " + big;
       return pred;
     }
-    var sc = this.stageCosts(L.tp, numStages(L), L.balance, L.b, L.recompute);
+    var sc = this.costsOf(L);
     pred.estimated = sc.estimated;
     var ms = simulatedMs(L), runs = ms.map(function (m) { return self.pipelineRun(L, m, sc.costs, false); });
     var end = [], busy = [], r, bottleneck = 0;
@@ -1064,12 +1135,11 @@
     var step = 0, exposedWorst = 0, trafficWorst = 0;
     var t = this.tables(numStages(L), L.balance, L.b, L.recompute, L.tp);
     for (r = 0; r < L.p; r++) {
-      var stages = this.owned(L, r), params = 0, lastBackward = 0;
-      stages.forEach(function (s) { params += t.params[s]; });
+      var stages = this.owned(L, r), rs = this.rankState(L, t, stages), lastBackward = 0;
       stages.forEach(function (s) { lastBackward += sc.costs[s + "B"]; });
       var firstForward = sc.costs[stages[0] + "F"];
-      var te = this.dpExposed(L, params, busy[r], lastBackward, firstForward);
-      var opt = this.optimizerSeconds(params, L);
+      var te = this.dpExposed(L, rs.params, busy[r], lastBackward, firstForward, rs.experts);
+      var opt = this.optimizerSeconds(rs.params, L, rs.experts);
       step = Math.max(step, end[r] + te[1] + opt);
       exposedWorst = Math.max(exposedWorst, te[1]); trafficWorst = Math.max(trafficWorst, te[0]);
       pred.optimizer_s = Math.max(pred.optimizer_s, opt);
@@ -1084,15 +1154,17 @@
     return pred;
   };
 
-  Planner.prototype.optimizerSeconds = function (params, L) {
-    var r = recipe(this.req.recipe), share = L.sharding !== "none" ? params / L.dp : params;
+  Planner.prototype.optimizerSeconds = function (params, L, experts) {
+    var r = recipe(this.req.recipe), sharded = L.sharding !== "none";
+    experts = experts || 0;
+    var share = (sharded ? params / L.dp : params) + (sharded ? experts / (L.dp / (L.ep || 1)) : experts);
     return share * (r.grad_bytes + 2 * r.optimizer_bytes + r.weight_bytes) / (this.req.gpu.hbm_tb_s * 1e12);
   };
 
   Planner.prototype.busiest = function (L) {
-    var self = this, key = [L.schedule, L.p, L.v, numStages(L), L.balance, L.b, L.recompute, L.tp].join("|");
+    var self = this, key = [L.schedule, L.p, L.v, numStages(L), L.balance, L.b, L.recompute, L.tp, L.ep || 1].join("|");
     return this.cached("busiest", key, function () {
-      var sc = self.stageCosts(L.tp, numStages(L), L.balance, L.b, L.recompute).costs;
+      var sc = self.costsOf(L).costs;
       var split = SPLIT_BACKWARD.indexOf(L.schedule) >= 0, worst = -Infinity;
       for (var r = 0; r < L.p; r++) {
         var sum = 0;
@@ -1139,7 +1211,7 @@
 
   // one step of a layout, simulated at its own m (for drawing; not extrapolated)
   Planner.prototype.timeline = function (L) {
-    var sc = this.stageCosts(L.tp, numStages(L), L.balance, L.b, L.recompute);
+    var sc = this.costsOf(L);
     return this.pipelineRun(L, L.m, sc.costs, true);
   };
 
@@ -1149,7 +1221,7 @@
     placement: placement, stagesPerRank: stagesPerRank, stageIndices: stageIndices, scheduleProblem: scheduleProblem,
     order: order, compileOrder: compileOrder, run: run, peakInFlight: peakInFlight, simulate: simulate,
     shape: shape, fromHfConfig: fromHfConfig, validateShape: validateShape, totalParameters: totalParameters,
-    activeParameters: activeParameters, layerActivationValues: layerActivationValues,
+    activeParameters: activeParameters, routedExpertParameters: routedExpertParameters, layerActivationValues: layerActivationValues,
     layerCosts: layerCosts, headCosts: headCosts, efficiency: efficiency,
     layout: layout, label: label, numStages: numStages, usableBytes: usableBytes, Planner: Planner,
     load: function (data) { for (var k in data) DATA[k] = data[k]; return api; },

@@ -2,7 +2,9 @@
 
 Introduced in "Choosing a pipeline". ``data/published/runs.json`` holds runs whose authors
 published their layout and their throughput (and, for torchtitan, their peak memory), each
-with its source and the line it quotes. For each run :func:`compare` poses the planner the
+with its source and the line it quotes; under ``moe_runs``, mixtures of experts with their
+expert parallelism (chapter "Mixture of experts"), whose throughput is not comparable or not
+published. For each run :func:`compare` poses the planner the
 same question (model, GPUs, links, global batch, sequence length), restricted to what the run's
 framework could do at the time (its schedules, sharding modes and kernels) and to the choices
 its authors state they fixed (recomputation, microbatch size), and reports:
@@ -63,18 +65,20 @@ def published_layouts(row: dict, req: search.Request) -> list[search.Layout]:
     lay = row["layout"]
     schedule = lay["schedule"] or search.NO_PIPELINE
     out = []
-    for c in search.candidates(replace(req, tps=(lay["tp"],), shardings=(lay["sharding"],))):
+    for c in search.candidates(replace(req, tps=(lay["tp"],), eps=(lay.get("ep", 1),), shardings=(lay["sharding"],))):
         if (c.p, c.dp, c.schedule) == (lay["pp"], lay["dp"], schedule) and not search.constraint_problem(c, req):
             out.append(c)
     return out
 
 
-def published_tokens_per_s(row: dict) -> float:
+def published_tokens_per_s(row: dict) -> float | None:
     """The published throughput in tokens per second per GPU, converting TFLOPs/GPU with the
     convention of the source: Megatron-LM's formula, which counts the recomputation
     (``96 s l h^2 (1 + s / 6h + V / 16 l h)`` per sequence, Narayanan et al. 2021, eq. 3), or
     model FLOPs (:func:`ppbook.planner.search.model_flops_per_token`)."""
     t = row["throughput"]
+    if t is None:
+        return None
     if t["unit"] == "tokens/s/GPU":
         return t["value"]
     shape, s = shapes.PRESETS[row["model"]], row["seq_len"]
@@ -92,7 +96,7 @@ class Comparison:
     published: search.Prediction       # the best of the published layouts, as predicted
     choice: search.Prediction | None   # the planner's choice under the run's constraints
     unconstrained: search.Prediction | None  # ... with everything torch 2.13 offers
-    published_tps: float
+    published_tps: float | None      # None: not published, or not comparable
 
     @property
     def agrees(self) -> bool:
@@ -102,7 +106,9 @@ class Comparison:
         return self.published.step_s <= self.choice.step_s * (1 + AGREE)
 
     @property
-    def throughput_error(self) -> float:
+    def throughput_error(self) -> float | None:
+        if self.published_tps is None:
+            return None
         return self.published.tokens_per_s_per_gpu / self.published_tps - 1
 
     @property
@@ -112,8 +118,9 @@ class Comparison:
 
     @property
     def throughput_comparable(self) -> bool:
-        """Published throughput is comparable unless the GPUs' peak was not published."""
-        return "preset" in self.row["gpu"]
+        """Published throughput is comparable unless the GPUs' peak was not published (or
+        there is no published throughput)."""
+        return "preset" in self.row["gpu"] and self.published_tps is not None
 
 
 def compare(row: dict, data: dict | None = None, unconstrained: bool = False) -> Comparison:

@@ -34,7 +34,7 @@ import functools
 import math
 from dataclasses import asdict, dataclass, field, replace
 
-from ppbook.planner import costs, memory, schedules, traffic
+from ppbook.planner import costs, memory, schedules, shapes, traffic
 from ppbook.planner.hardware import GPU, Link
 from ppbook.planner.shapes import ModelShape, embedding_parameters, head_parameters, layer_parameters
 from ppbook.planner.simulate import Compiled, Event, compile_order, run
@@ -58,6 +58,7 @@ class Request:
     sequence_parallel: bool = True     # with tp > 1: norms and dropouts split along the sequence too
     headroom: float = 0.1  # fraction of each GPU kept free (CUDA context, NCCL buffers, fragmentation)
     tps: tuple[int, ...] = ()           # tensor-parallel sizes to try (default: powers of two within a node)
+    eps: tuple[int, ...] = ()           # expert-parallel sizes to try (default: every one that divides dp and the experts)
     max_p: int = 32
     max_v: int = 4
     max_microbatch_size: int = 8
@@ -85,12 +86,14 @@ class Layout:
     sharding: str   # none, zero1, zero2, fsdp
     recompute: str  # none, selective, full
     balance: str = "even"
+    ep: int = 1     # expert parallelism: each MoE layer's routed experts split among ep of the dp replicas
 
     def label(self) -> str:
         pipe = "no pipeline" if self.schedule == NO_PIPELINE else \
             f"{self.schedule} p={self.p}" + (f" v={self.v}" if self.v > 1 else "")
         ends = " ends" if self.balance == "ends" and self.p > 1 else ""
-        return (f"tp={self.tp} {pipe}{ends} dp={self.dp} {self.sharding} b={self.b} m={self.m} "
+        ep = f" ep={self.ep}" if self.ep > 1 else ""
+        return (f"tp={self.tp} {pipe}{ends} dp={self.dp}{ep} {self.sharding} b={self.b} m={self.m} "
                 f"recompute={self.recompute}")
 
     @property
@@ -200,6 +203,14 @@ def tensor_parallel_sizes(req: Request) -> list[int]:
             and (shape.mla or shape.kv_heads % t == 0) and (shape.ffn % t == 0)]
 
 
+def expert_parallel_sizes(req: Request, dp: int) -> list[int]:
+    """Expert-parallel sizes for ``dp`` replicas: those that divide both ``dp`` and the routed
+    experts (1 alone for a dense model)."""
+    if not req.model.moe:
+        return [1]
+    return [e for e in (req.eps or range(1, dp + 1)) if dp % e == 0 and req.model.experts % e == 0]
+
+
 def candidates(req: Request) -> list[Layout]:
     """Every combination considered, constraints not yet checked."""
     out = []
@@ -207,19 +218,24 @@ def candidates(req: Request) -> list[Layout]:
         ranks = req.gpus // tp
         for p in (d for d in range(1, ranks + 1) if ranks % d == 0 and d <= min(req.model.layers, req.max_p)):
             dp = ranks // p
-            for b in req.microbatch_sizes or (x for x in (1, 2, 4, 8, 16, 32) if x <= req.max_microbatch_size):
-                if req.global_batch % (dp * b):
-                    continue
-                m = req.global_batch // (dp * b)
-                names = [NO_PIPELINE] if p == 1 else list(req.schedules)
-                for name in names:
-                    kind = "single" if name == NO_PIPELINE else schedules.placement(name)
-                    vs = range(2, req.max_v + 1) if kind == "loop" else [2] if kind == "v" else [1]
-                    for v in vs:
-                        for sharding in (req.shardings if dp > 1 else ("none",)):
-                            for recompute in req.recomputes:
-                                for balance in (req.balances if p > 1 else ("even",)):
-                                    out.append(Layout(tp, p, dp, name, v, b, m, sharding, recompute, balance))
+            for ep in expert_parallel_sizes(req, dp):
+                out += _candidates_of(req, tp, p, dp, ep)
+    return out
+
+
+def _candidates_of(req: Request, tp: int, p: int, dp: int, ep: int) -> list[Layout]:
+    out = []
+    for b in req.microbatch_sizes or (x for x in (1, 2, 4, 8, 16, 32) if x <= req.max_microbatch_size):
+        if req.global_batch % (dp * b):
+            continue
+        m = req.global_batch // (dp * b)
+        for name in [NO_PIPELINE] if p == 1 else list(req.schedules):
+            kind = "single" if name == NO_PIPELINE else schedules.placement(name)
+            for v in range(2, req.max_v + 1) if kind == "loop" else [2] if kind == "v" else [1]:
+                for sharding in (req.shardings if dp > 1 else ("none",)):
+                    for recompute in req.recomputes:
+                        for balance in (req.balances if p > 1 else ("even",)):
+                            out.append(Layout(tp, p, dp, name, v, b, m, sharding, recompute, balance, ep))
     return out
 
 
@@ -360,13 +376,33 @@ def _in_flight(name: str, p: int, m: int, v: int) -> tuple[tuple[int, ...], ...]
 
 # --- prediction -----------------------------------------------------------------------------------------
 
+OVERLAPS_ALL_TO_ALL = ("DualPipeV",)  # schedules whose runtime overlaps one microbatch's all-to-all with another's work
+
+
 def _stage_costs(layout: Layout, req: Request, layers: list[list[int]] | None = None) -> tuple[dict, bool]:
     """Seconds of each (stage, kind) for one microbatch, and whether any came from FLOPs."""
-    return _stage_costs_cached(req, layout.tp, layout.num_stages, layout.balance, layout.b, layout.recompute)
+    return _stage_costs_cached(req, layout.tp, layout.num_stages, layout.balance, layout.b, layout.recompute,
+                               layout.ep, layout.schedule in OVERLAPS_ALL_TO_ALL)
+
+
+def alltoall_seconds(req: Request, nbytes: float, ep: int, tp: int) -> float:
+    """Seconds of one all-to-all in which each of ``ep`` ranks sends its ``nbytes`` spread evenly
+    over the group. The group is ``ep`` consecutive data-parallel ranks, ``ep x tp`` GPUs: within
+    a node it runs over the node's link; across nodes, the share for other nodes crosses the
+    network while the rest crosses NVLink at the same time, and the slower of the two counts."""
+    if ep <= 1:
+        return 0.0
+    if ep * tp <= req.gpus_per_node:
+        return req.intra.alltoall(nbytes, ep)
+    local = max(1, req.gpus_per_node // tp)  # group members on one node
+    within = nbytes * (local - 1) / ep / req.intra.bandwidth
+    across = nbytes * (ep - local) / ep / req.inter.bandwidth
+    return (ep - 1) * req.inter.latency + max(within, across)
 
 
 @functools.lru_cache(maxsize=16384)
-def _stage_costs_cached(req: Request, tp: int, num_stages: int, balance: str, b: int, recompute: str) -> tuple[dict, bool]:
+def _stage_costs_cached(req: Request, tp: int, num_stages: int, balance: str, b: int, recompute: str, ep: int = 1,
+                        overlap: bool = False) -> tuple[dict, bool]:
     shape = req.model
     first, last = end_weights(req) if balance == "ends" else (0, 0)
     layers = _stage_layers_cached(shape.layers, num_stages, first, last)
@@ -382,18 +418,28 @@ def _stage_costs_cached(req: Request, tp: int, num_stages: int, balance: str, b:
     if tp > 1:
         nbytes = traffic.boundary_bytes(layout.b, req.seq_len, shape.hidden, act_bytes)
         tp_half = 2 * tp_link.allreduce(nbytes, tp)
+    # expert parallelism: each MoE layer dispatches and combines its tokens, forward and backward
+    a2a = 2 * alltoall_seconds(req, traffic.expert_dispatch_bytes(b, req.seq_len, shape.hidden, shape.top_k, act_bytes,
+                                                                  tp), ep, tp) if shape.moe and ep > 1 else 0.0
     out = {}
     n = len(layers)
     redo = {False: {"none": 0.0, "full": dense.F, "selective": dense.F * _selective_share(shape, False)},
             True: {"none": 0.0, "full": moe.F, "selective": moe.F * _selective_share(shape, True)}}
+
+    def with_a2a(compute: float, is_moe: bool) -> float:
+        # DualPipeV's overlap: the all-to-all runs while the paired microbatch computes; only what outlasts it shows
+        if not is_moe or not a2a:
+            return compute
+        return max(compute, a2a) if overlap else compute + a2a
+
     for s, owned in enumerate(layers):
         f = i = w = 0.0
         n_moe = sum(1 for index in owned if shape.moe and index >= shape.dense_layers)
         for is_moe, count in ((False, len(owned) - n_moe), (True, n_moe)):
             if count:
                 c = moe if is_moe else dense
-                f += count * (c.F / tp + tp_half)
-                i += count * ((c.I + redo[is_moe][layout.recompute]) / tp + tp_half)
+                f += count * with_a2a(c.F / tp + tp_half, is_moe)
+                i += count * with_a2a((c.I + redo[is_moe][layout.recompute]) / tp + tp_half, is_moe)
                 w += count * c.W / tp
         if s == n - 1:
             f, i, w = f + head.F / tp, i + head.I / tp, w + head.W / tp
@@ -437,6 +483,7 @@ class _Tables:
     params: tuple[float, ...]
     block_params: tuple[float, ...]
     blocks: tuple[int, ...]
+    experts: tuple[float, ...]   # the routed experts' share of params (what expert parallelism divides)
 
 
 @functools.lru_cache(maxsize=8192)
@@ -457,8 +504,9 @@ def _tables(req: Request, num_stages: int, balance: str, b: int, recompute: str,
         total = memory.stage_parameters(shape, owned, s == 0, s == n - 1) / tp
         params.append(total)
         block_params.append(memory.stage_parameters(shape, owned, False, False) / tp)
+    experts = tuple(sum(shapes.routed_expert_parameters(shape, i) for i in owned) / tp for owned in layers)
     return _Tables(tuple(per_mb), tuple(residual), tuple(params), tuple(block_params),
-                   tuple(len(x) for x in layers))
+                   tuple(len(x) for x in layers), experts)
 
 
 @functools.lru_cache(maxsize=16384)
@@ -497,19 +545,36 @@ def _rank_activations(req: Request, schedule: str, p: int, m: int, v: int, b: in
     return tuple(out)
 
 
+def _rank_state(layout: Layout, req: Request, t: _Tables, stages: list[int]) -> tuple[float, float, memory.State]:
+    """(parameters outside the routed experts, routed-expert parameters, training state) of one
+    GPU holding ``stages``. Expert parallelism keeps ``1/ep`` of each MoE layer's routed experts
+    on a GPU, and their state is sharded over the ``dp / ep`` replicas that hold the same experts;
+    the rest is sharded over all ``dp``."""
+    params = sum(t.params[s] for s in stages)
+    experts = sum(t.experts[s] for s in stages)
+    dense, local = params - experts, experts / layout.ep
+    recipe = memory.RECIPES[req.recipe]
+    gathered = unsharded = 0.0
+    if layout.sharding == "fsdp":
+        blocks = sum(t.blocks[s] for s in stages)
+        in_blocks = sum(t.block_params[s] for s in stages) - experts + local
+        gathered, unsharded = memory.fsdp_gathered(in_blocks / blocks, dense + local - in_blocks, blocks,
+                                                   pipelined=layout.p > 1)
+    state = memory.state_bytes(dense, recipe, layout.sharding, layout.dp, gathered, unsharded)
+    if local:
+        own = memory.state_bytes(local, recipe, layout.sharding, layout.dp // layout.ep)
+        state = memory.State(state.parameters + own.parameters, state.gradients + own.gradients,
+                             state.optimizer + own.optimizer)
+    return dense, local, state
+
+
 def memory_floor(layout: Layout, req: Request) -> float:
     """A lower bound of rank 0's peak, from sizes alone: its training state, plus min(m, p) of its
     stages' microbatches (every one of torch's seven schedules runs that many forwards on rank 0
     before its first backward: tests/test_plan.py checks it), plus one layer's recomputation."""
     t = _tables(req, layout.num_stages, layout.balance, layout.b, layout.recompute, layout.tp)
     stages = _owned(layout, 0)
-    params = sum(t.params[s] for s in stages)
-    gathered = unsharded = 0.0
-    if layout.sharding == "fsdp":
-        blocks, in_blocks = sum(t.blocks[s] for s in stages), sum(t.block_params[s] for s in stages)
-        gathered, unsharded = memory.fsdp_gathered(in_blocks / blocks, params - in_blocks, blocks,
-                                                   pipelined=layout.p > 1)
-    state = memory.state_bytes(params, memory.RECIPES[req.recipe], layout.sharding, layout.dp, gathered, unsharded)
+    _, _, state = _rank_state(layout, req, t, stages)
     tokens = layout.b * req.seq_len
     transient = memory.recompute_transient_bytes(req.model, tokens, memory.RECIPES[req.recipe].activation_bytes,
                                                  req.kernels, layout.recompute, req.seq_len) / layout.tp
@@ -520,27 +585,19 @@ def rank_memory(layout: Layout, req: Request, layers: list[list[int]] | None = N
     """Every pipeline rank's peak memory, by kind (the GPUs of one rank's tensor-parallel group
     hold the same)."""
     t = _tables(req, layout.num_stages, layout.balance, layout.b, layout.recompute, layout.tp)
-    recipe = memory.RECIPES[req.recipe]
     held = _rank_activations(req, layout.schedule, layout.p, layout.m, layout.v, layout.b, layout.balance,
                              layout.recompute, layout.tp)
     out = []
     for rank in range(layout.p):
         stages = _owned(layout, rank)
-        params = sum(t.params[s] for s in stages)
-        gathered = unsharded = 0.0
-        if layout.sharding == "fsdp":
-            blocks = sum(t.blocks[s] for s in stages)
-            in_blocks = sum(t.block_params[s] for s in stages)
-            gathered, unsharded = memory.fsdp_gathered(in_blocks / blocks, params - in_blocks, blocks,
-                                                       pipelined=layout.p > 1)
-        state = memory.state_bytes(params, recipe, layout.sharding, layout.dp, gathered, unsharded)
+        _, _, state = _rank_state(layout, req, t, stages)
         acts, logits = held[rank]
         out.append(RankMemory(rank, stages, state.parameters, state.gradients, state.optimizer, acts, logits))
     return out
 
 
 def _dp_exposed(layout: Layout, req: Request, params: float, busy: float, last_backward: float,
-                first_forward: float) -> tuple[float, float]:
+                first_forward: float, experts: float = 0.0) -> tuple[float, float]:
     """(seconds of data-parallel traffic per step for this rank, seconds of it not hidden).
 
     The model of overlap, as the frameworks overlap:
@@ -552,28 +609,37 @@ def _dp_exposed(layout: Layout, req: Request, params: float, busy: float, last_b
       computation of the whole step;
     - FSDP inside ``PipelineStage``: the all-gathers overlap computation the same way, but the
       reduce-scatter runs after the step's last backward (``perform_reduce_grad``): not hidden.
+
+    ``params`` are reduced among all ``dp`` replicas; ``experts`` (a GPU's routed experts under
+    expert parallelism) among the ``dp / ep`` replicas that hold the same experts.
     """
     if layout.dp == 1:
         return 0.0, 0.0
     recipe = memory.RECIPES[req.recipe]
     span = layout.dp * layout.tp
     link = req.intra if span <= req.gpus_per_node else req.inter
-    weights, grads = params * recipe.weight_bytes, params * recipe.grad_bytes
-    n = layout.dp
+    groups = [(params, layout.dp)] + ([(experts, layout.dp // layout.ep)] if experts else [])
+
+    def allreduce(nbytes_per_param: int) -> float:
+        return sum(link.allreduce(n_params * nbytes_per_param, n) for n_params, n in groups)
+
+    def gather(nbytes_per_param: int) -> float:
+        return sum(link.gather(n_params * nbytes_per_param, n) for n_params, n in groups)
+
     if layout.sharding == "none":
-        reduce = link.allreduce(grads, n)
+        reduce = allreduce(recipe.grad_bytes)
         return reduce, max(0.0, reduce - last_backward)
     if layout.sharding in ("zero1", "zero2"):
         reduces = layout.m if layout.sharding == "zero2" and layout.m > 1 else 1
-        rs, ag = reduces * link.gather(grads, n), link.gather(weights, n)
+        rs, ag = reduces * gather(recipe.grad_bytes), gather(recipe.weight_bytes)
         if reduces > 1:  # every microbatch reduces, overlapped with the backwards (about 2/3 of the work)
             return rs + ag, max(0.0, rs - 2 * busy / 3) + max(0.0, ag - first_forward)
         return rs + ag, max(0.0, rs - last_backward) + max(0.0, ag - first_forward)
     if layout.p == 1:  # FSDP alone: gathered for forward and backward, reduced, every microbatch
-        total = layout.m * (2 * link.gather(weights, n) + link.gather(grads, n))
+        total = layout.m * (2 * gather(recipe.weight_bytes) + gather(recipe.grad_bytes))
         return total, max(0.0, total - busy)
     # torchtitan keeps blocks gathered under a pipeline: one all-gather per step (traffic.fsdp_gathers)
-    ag, rs = link.gather(weights, n), link.gather(grads, n)
+    ag, rs = gather(recipe.weight_bytes), gather(recipe.grad_bytes)
     return ag + rs, max(0.0, ag - busy) + rs
 
 
@@ -613,12 +679,12 @@ def predict(layout: Layout, req: Request, check_memory: bool = True, mem: list[R
     t = _tables(req, layout.num_stages, layout.balance, layout.b, layout.recompute, layout.tp)
     for r in range(layout.p):
         stages = _owned(layout, r)
-        params = sum(t.params[s] for s in stages)
+        params, experts, _ = _rank_state(layout, req, t, stages)
         # the rank's last backward passes (one per stage it holds) and its first forward
         last_backward = sum(stage_cost[(s, "B")] for s in stages)
         first_forward = stage_cost[(stages[0], "F")]
-        total, exposed = _dp_exposed(layout, req, params, busy[r], last_backward, first_forward)
-        opt = _optimizer_seconds(params, layout, req)
+        total, exposed = _dp_exposed(layout, req, params, busy[r], last_backward, first_forward, experts)
+        opt = _optimizer_seconds(params, layout, req, experts)
         step = max(step, end[r] + exposed + opt)
         exposed_worst, traffic_worst = max(exposed_worst, exposed), max(traffic_worst, total)
         pred.optimizer_s = max(pred.optimizer_s, opt)
@@ -631,11 +697,13 @@ def predict(layout: Layout, req: Request, check_memory: bool = True, mem: list[R
     return pred
 
 
-def _optimizer_seconds(params: float, layout: Layout, req: Request) -> float:
+def _optimizer_seconds(params: float, layout: Layout, req: Request, experts: float = 0.0) -> float:
     """Adam's update of this rank's share, bound by memory bandwidth: read the gradient, the
-    master weights and both moments, write them back and the bf16 weights."""
+    master weights and both moments, write them back and the bf16 weights. (Routed experts are
+    sharded over the ``dp / ep`` replicas holding them.)"""
     recipe = memory.RECIPES[req.recipe]
-    share = params / layout.dp if layout.sharding != "none" else params
+    sharded = layout.sharding != "none"
+    share = (params / layout.dp if sharded else params) + (experts / (layout.dp // layout.ep) if sharded else experts)
     moved = share * (recipe.grad_bytes + 2 * recipe.optimizer_bytes + recipe.weight_bytes)
     return moved / (req.gpu.hbm_tb_s * 1e12)
 
@@ -649,13 +717,13 @@ def node_of(pp_rank: int, dp: int, tp: int, gpus_per_node: int) -> int:
 def lower_bound(layout: Layout, req: Request) -> float:
     """A step time no simulation can beat: the busiest rank's computation alone."""
     return layout.m * _busiest(req, layout.schedule, layout.p, layout.v, layout.num_stages, layout.balance,
-                               layout.b, layout.recompute, layout.tp)
+                               layout.b, layout.recompute, layout.tp, layout.ep)
 
 
 @functools.lru_cache(maxsize=16384)
 def _busiest(req: Request, schedule: str, p: int, v: int, num_stages: int, balance: str, b: int, recompute: str,
-             tp: int) -> float:
-    probe = Layout(tp, p, 1, schedule, v, b, 1, "none", recompute, balance)
+             tp: int, ep: int = 1) -> float:
+    probe = Layout(tp, p, 1, schedule, v, b, 1, "none", recompute, balance, ep)
     stage_cost, _ = _stage_costs(probe, req, layers_of(probe, req))
     split = schedule in schedules.SPLIT_BACKWARD
     return max(sum(stage_cost[(s, "F")] + (stage_cost[(s, "I")] + stage_cost[(s, "W")] if split else stage_cost[(s, "B")])

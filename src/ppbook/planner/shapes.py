@@ -111,6 +111,14 @@ def layer_parameters(shape: ModelShape, index: int = 0) -> int:
     return norms + attention_parameters(shape) + mlp_parameters(shape, shape.ffn)
 
 
+def routed_expert_parameters(shape: ModelShape, index: int = 0) -> int:
+    """Parameters of layer ``index``'s routed experts: what expert parallelism divides among its
+    ranks (the router, shared experts, attention and norms stay on every rank); 0 for a dense layer."""
+    if not (shape.moe and index >= shape.dense_layers):
+        return 0
+    return shape.experts * mlp_parameters(shape, shape.expert_ffn)
+
+
 def active_layer_parameters(shape: ModelShape, index: int = 0) -> int:
     """Parameters one token uses in layer ``index``: an MoE layer's router, shared experts and
     ``top_k`` routed experts; a dense layer's all."""

@@ -35,6 +35,21 @@ def allreduce_bytes_per_rank(nbytes: float, n: int) -> float:
     return 2 * (n - 1) / n * nbytes
 
 
+def alltoall_bytes_per_rank(nbytes: float, n: int) -> float:
+    """Bytes each of ``n`` ranks sends to the others in an all-to-all of its ``nbytes``, spread
+    evenly: all but its own share (0 when n = 1)."""
+    return (n - 1) / n * nbytes
+
+
+def expert_dispatch_bytes(microbatch_size: int, seq_len: int, hidden: int, top_k: int, dtype_bytes: int,
+                          tp: int = 1) -> float:
+    """Bytes one rank dispatches to the experts in one MoE layer, one microbatch: each of its
+    tokens, copied to its ``top_k`` experts (with sequence parallelism a tensor-parallel rank
+    dispatches its ``1/tp`` of the tokens). The combine sends as many back; the backward, both
+    again: four all-to-alls per MoE layer and microbatch."""
+    return microbatch_size * seq_len * top_k * hidden * dtype_bytes / tp
+
+
 def gather_bytes_per_rank(nbytes: float, n: int) -> float:
     """Bytes each of ``n`` ranks sends in a ring all-gather or reduce-scatter of a tensor of
     ``nbytes`` in all (0 when n = 1)."""
