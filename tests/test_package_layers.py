@@ -13,16 +13,17 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "ppbook"
 LAYERS: list[tuple[str, list[str]]] = [
     ("below everything: the launch server that forks ranks from an interpreter with torch imported",
      ["zygote"]),
-    ("leaves: formulas, reports, claims, errors, data, processes, launching, the action graph, precision",
+    ("leaves: formulas, reports, claims, errors, data, processes, launching, the action graph, precision, "
+     "recomputation",
      ["report", "claims", "errors", "bubble", "dataflow", "data", "dist", "launch",
-      "activations", "checkpoint", "precision", "fsdp_probe"]),
+      "activations", "checkpoint", "precision", "fsdp_probe", "recompute"]),
     ("the timeline format, recorded and simulated", ["timeline"]),
     ("the torch-free planner (a subpackage: its schedules, simulator, memory, search)", ["planner"]),
     ("models, stage placement, driving a schedule, training pieces, nodes",
      ["models", "stages", "driver", "training", "nodes"]),
     ("built on a model or a timeline: balancing, skip models, Hugging Face models, the workload, timing, "
      "simulating, orders torch does not ship",
-     ["split", "skip", "hf", "workload", "measure", "simulate", "custom_schedules"]),
+     ["split", "skip", "hf", "workload", "measure", "simulate", "custom_schedules", "kernels"]),
     ("on the simulator or the workload: the scripts' command line, fitting the simulator to measured runs, "
      "the planner page, memory in bytes per schedule",
      ["cli", "fit", "explorer", "memory"]),

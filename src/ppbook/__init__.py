@@ -29,6 +29,8 @@ Modules, in the order the book introduces them:
 * :mod:`ppbook.skip`    -- a model with a skip connection across stages, tied embeddings (chapter 8)
 * :mod:`ppbook.nodes`   -- several torchrun "nodes" on one machine; where mesh ranks land (chapter 9)
 * :mod:`ppbook.fsdp_probe` -- FSDP2's all-gathers and gathered bytes during a pipeline step (chapter 9)
+* :mod:`ppbook.recompute` -- activation checkpointing per block, the bytes a forward keeps (chapter 12)
+* :mod:`ppbook.kernels` -- the Llama block with fused kernels, as the planner counts it (chapter 12)
 * :mod:`ppbook.planner` -- the torch-free planner: schedules' orders, simulator, model shapes, GPUs and links,
   memory by sharding, traffic, costs, the search, published runs (chapters 5, 9, 10; the site's planner page)
 * :mod:`ppbook.plan`    -- the planner's command line, ``python -m ppbook.plan`` (chapter 10)
