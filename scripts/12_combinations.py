@@ -11,7 +11,7 @@ CPU (gloo), one section per launch:
 What a pipeline does when the sequence length changes between steps (fails on purpose):
     torchrun --standalone --nproc-per-node 2 scripts/12_combinations.py --section shapes --lengths 32 16
 The compile section with inductor, torch.compile's default backend (minutes of compiling on a CPU):
-    torchrun --standalone --nproc-per-node 2 scripts/12_combinations.py --section compile --backend inductor --steps 5 --check
+    torchrun --standalone --nproc-per-node 2 scripts/12_combinations.py --section compile --backend inductor --steps 5 --donated-buffers-probe --check
 GPUs (NCCL), larger sizes:
     torchrun --standalone --nproc-per-node 4 scripts/12_combinations.py --section tp --device cuda --dim 1024 --heads 16 --kv-heads 4 --ffn 2816 --seq-len 512 --batch-size 32
 
@@ -34,6 +34,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import os
+import platform
+import shlex
 import sys
 import time
 
@@ -80,13 +83,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--compile-modes", nargs="+", choices=COMPILE_MODES, default=list(COMPILE_MODES),
                    help="eager; blocks: torch.compile each block (torchtitan); stage: torch.compile the stage; "
                         "in-place: block.compile() with donated buffers off (what a split schedule needs)")
+    p.add_argument("--in-place", nargs="+", choices=SCHEDULES, default=None,
+                   help="the schedules that compile mode in-place runs (default: those of --schedules that split "
+                        "the backward)")
+    p.add_argument("--donated-buffers-probe", action="store_true",
+                   help="first, on each rank alone, step ZBVZeroBubble with blocks compiled in place and donated "
+                        "buffers on, and record the error")
     p.add_argument("--keep-compile-caches", action="store_true",
                    help="in-place: leave inductor's caches on (a backward cached with donated buffers is reused: "
                         "wrong gradients under the split schedules, chapter 12)")
     # recompute
     p.add_argument("--policies", nargs="+", default=["none", "full", "selective", "full,none"],
                    help="activation checkpointing per run: one mode for every stage, or one per stage "
-                        "separated by commas (none, full, selective)")
+                        "separated by commas (none, full, selective); SCHEDULE:modes for that schedule only")
     p.add_argument("--kernels", choices=["book", "fused"], default="book",
                    help="the book's Llama block, or the same block with fused kernels (ppbook.kernels)")
     # fsdp, tp
@@ -128,16 +137,34 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
         if problem:
             raise ValueError(problem)
     for spec in args.policies:
-        for mode in spec.split(","):
+        name, _, modes = spec.rpartition(":")
+        if name and name not in SCHEDULES:
+            raise ValueError(f"--policies {spec!r}: {name!r} is not a schedule; use one of {', '.join(SCHEDULES)}")
+        problem = name and schedule_problem(name, pp, args.microbatches, args.stages_per_rank, args.layers)
+        if problem:
+            raise ValueError(problem)
+        for mode in modes.split(","):
             if mode not in ("none", "full", "selective"):
                 raise ValueError(f"--policies {spec!r}: {mode!r} is not one of none, full, selective")
-    split = [n for n in args.schedules if n in SPLIT]
-    if args.section == "recompute" and split and any("selective" in spec for spec in args.policies):
-        raise ValueError(f"selective checkpointing cannot run under {split[0]} with torch 2.13: its weight-gradient "
-                         f"pass runs a second backward through each checkpointed block, and selective "
-                         f"checkpointing allows one (chapter 12 shows the error); use full or none there")
-    if args.section == "shapes" and args.lengths is None and max(args.buckets) > args.seq_len * 4:
-        pass
+    if args.section == "recompute" and not recompute_plan(args)[0]:
+        raise ValueError(f"selective checkpointing cannot run under {', '.join(args.schedules)} with torch 2.13: the "
+                         f"weight-gradient pass runs a second backward through each checkpointed block, and "
+                         f"selective checkpointing allows one (chapter 12 shows the error); use full or none there")
+    if args.section == "shapes":
+        if min(args.buckets) < 1 or args.documents < args.batch_size:
+            raise ValueError(f"--buckets must be positive and --documents ({args.documents}) at least --batch-size "
+                             f"({args.batch_size})")
+        sizes = args.shape_batch_sizes or []
+        if args.lengths and (min(args.lengths) < 1 or sizes and len(sizes) != len(args.lengths)
+                             or any(b % args.microbatches for b in sizes)):
+            raise ValueError(f"--lengths needs positive lengths, and --shape-batch-sizes one batch size per length, "
+                             f"each divisible by --microbatches {args.microbatches}")
+    if args.section == "compile":
+        from torch._dynamo import list_backends
+
+        if args.backend not in list_backends(exclude_tags=()):
+            raise ValueError(f"--backend {args.backend!r} is not a torch.compile backend; use aot_eager, inductor "
+                             f"or one of {', '.join(list_backends())}")
 
 
 # --- one model, one reference ------------------------------------------------------------------
@@ -221,8 +248,7 @@ def timed(run_step, args, info, recorder) -> dict | None:
         return None
     events = [e for r in records for e in timeline.from_json(r["events"])]
     median = sorted(r["seconds"] for r in records)[len(records) // 2]
-    return {"step_seconds": median, "costs": costs_by_kind(events),
-            "events": sorted(records, key=lambda r: r["seconds"])[len(records) // 2]["events"]}
+    return {"step_seconds": median, "costs": costs_by_kind(events)}
 
 
 # === compile ====================================================================================
@@ -244,6 +270,37 @@ def compiled(mode: str, backend: str):
         return mod
     return prepare
 # [end-compile]
+
+
+class MatmulCounter(TorchDispatchMode):
+    """Counts the matrix products each kind of action (F, B, I, W) runs, while active: what a
+    split backward computes, whether a block is compiled or not."""
+
+    OPS = {"mm", "addmm", "bmm", "baddbmm"}
+
+    def __init__(self):
+        super().__init__()
+        self.kind, self.counts, self.actions = None, {}, {}
+
+    def attach(self, stage) -> None:
+        def wrap(method, kind_of):
+            def counted(*args, **kwargs):
+                self.kind = kind_of(kwargs)
+                self.actions[self.kind] = self.actions.get(self.kind, 0) + 1
+                try:
+                    return method(*args, **kwargs)
+                finally:
+                    self.kind = None
+            return counted
+        stage.forward_one_chunk = wrap(stage.forward_one_chunk, lambda kw: "F")
+        stage.backward_one_chunk = wrap(stage.backward_one_chunk,
+                                        lambda kw: "B" if kw.get("full_backward", True) else "I")
+        stage.backward_weight_one_chunk = wrap(stage.backward_weight_one_chunk, lambda kw: "W")
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if self.kind and func._opname in self.OPS:
+            self.counts[self.kind] = self.counts.get(self.kind, 0) + 1
+        return func(*args, **(kwargs or {}))
 
 
 # [start-donated]
@@ -279,9 +336,10 @@ def compile_run(name, mode, full, ref, tokens, targets, args, info) -> dict:
         schedule = make_schedule(name, stages, args.microbatches)
     except RuntimeError as err:  # torch refuses before any compilation or message
         return {"schedule": name, "mode": mode, "refused": f"{type(err).__name__}: {err}"}
-    rec = timeline.Recorder(info.rank)
+    rec, matmuls = timeline.Recorder(info.rank), MatmulCounter()
     for stage in stages:
         rec.attach(stage)
+        matmuls.attach(stage)
     params = [p for mod in mods for p in mod.parameters()]
 
     def run_step():
@@ -291,29 +349,58 @@ def compile_run(name, mode, full, ref, tokens, targets, args, info) -> dict:
 
     with donated_buffers_off(mode == "in-place", args.keep_compile_caches):
         result = timed(run_step, args, info, rec)
+        matmuls.actions.clear()
+        with matmuls:  # one more step, counting matrix products per kind of action
+            run_step()
+    counts = gather_to_rank0((matmuls.counts, matmuls.actions))
     diff = torch.tensor(grad_diff(mods, ref), dtype=torch.float64)
     dist.all_reduce(diff, op=dist.ReduceOp.MAX)
     graphs = torch.tensor(float(torch._dynamo.utils.counters["stats"]["unique_graphs"]))
     dist.all_reduce(graphs, op=dist.ReduceOp.MAX)
     if result is None:
         return {}
+    per_action = {k: sum(c[0].get(k, 0) for c in counts) / n for k in "FBIW"
+                  if (n := sum(c[1].get(k, 0) for c in counts))}  # matrix products per action, every rank
     return {"schedule": name, "mode": mode, "refused": None, "max_grad_diff": diff.item(),
-            "graphs": int(graphs.item()), **result}
+            "graphs": int(graphs.item()), "matmuls_per_action": per_action, **result}
 
 
 compile_run.donation_off = False
+
+
+def donated_buffers_error(full, tokens, targets, args, info) -> str | None:
+    """What in-place compiled blocks do under ZBVZeroBubble with donated buffers on (torch's
+    default): each rank runs both stages of a V alone (a group of one), one step. The error's
+    root cause, or ``None`` if the step runs."""
+    torch._dynamo.reset()
+    compile_run.donation_off = False
+    alone = [dist.new_group([r]) for r in range(info.world_size)][info.rank]
+    stages = [pipelining.PipelineStage(compiled("in-place", args.backend)(stage_module(copy.deepcopy(full), i, 2), i),
+                                       i, 2, info.device, group=alone) for i in (0, 1)]
+    schedule = make_schedule("ZBVZeroBubble", stages, args.microbatches)
+    try:
+        schedule.step(tokens, target=targets, losses=[])
+    except RuntimeError as err:
+        cause = err
+        while cause.__cause__ is not None:
+            cause = cause.__cause__
+        return f"{type(cause).__name__}: {cause}"
+    finally:
+        torch._dynamo.reset()
+    return None
 
 
 def compile_section(args, info) -> dict:
     full = full_llama(args, info.device)
     tokens, targets = workload.make_batch(args, 0, info.device)  # (B, T) each; the same batch every step
     ref = reference(full, tokens, targets, args.microbatches)  # eager, one process
+    donated = donated_buffers_error(full, tokens, targets, args, info) if args.donated_buffers_probe else None
     runs = []
-    plan = [(n, m) for n in args.schedules for m in args.compile_modes
-            if not (m == "in-place" and n not in SPLIT)]  # in-place: only where the wrappers are refused
+    in_place = args.in_place or [n for n in args.schedules if n in SPLIT]  # where the wrappers are refused
+    plan = [(n, m) for n in args.schedules for m in args.compile_modes if m != "in-place" or n in in_place]
     for name, mode in tqdm(plan, desc="schedules x compile modes", disable=info.rank != 0):
         runs.append(compile_run(name, mode, full, ref, tokens, targets, args, info))
-    return {"backend": args.backend, "runs": runs}
+    return {"backend": args.backend, "donated_buffers_error": donated, "runs": runs}
 
 
 # === recompute ==================================================================================
@@ -380,16 +467,30 @@ def recompute_run(name, spec, full, ref, tokens, targets, args, info) -> dict:
             "stages": {str(k): v for d in stages_info for k, v in d.items()}, **result}
 
 
+def recompute_plan(args) -> tuple[list, list]:
+    """(schedule, policies) pairs to run, and those skipped: selective checkpointing fails under the
+    schedules that split the backward (torch 2.13; chapter 12 shows the error). A policy written
+    ``SCHEDULE:modes`` runs under that schedule only, the others under every ``--schedules``."""
+    pairs = [tuple(spec.split(":")) if ":" in spec else (n, spec)
+             for spec in args.policies for n in ([None] if ":" in spec else args.schedules)]
+    skipped = [(n, spec) for n, spec in pairs if n in SPLIT and "selective" in spec]
+    return [x for x in pairs if x not in skipped], skipped
+
+
 def recompute_section(args, info) -> dict:
     full = full_llama(args, info.device)
     tokens, targets = workload.make_batch(args, 0, info.device)  # (B, T) each
     ref = reference(full, tokens, targets, args.microbatches)
-    plan = [(n, spec) for n in args.schedules for spec in args.policies]
+    plan, skipped = recompute_plan(args)
+    if skipped and info.rank == 0:
+        print("skipped (selective checkpointing fails under a split backward in torch 2.13): "
+              + ", ".join(f"{n} {spec}" for n, spec in skipped))
     runs = [recompute_run(n, spec, full, ref, tokens, targets, args, info)
             for n, spec in tqdm(plan, desc="schedules x policies", disable=info.rank != 0)]
     return {"kernels": args.kernels, "microbatch_tokens": args.batch_size // args.microbatches * args.seq_len,
             "heads": args.heads, "kv_heads": args.kv_heads, "ffn": args.ffn, "vocab": args.vocab,
-            "rng_state_bytes": recompute.RNG_STATE_BYTES, "runs": runs}
+            "rng_state_bytes": recompute.RNG_STATE_BYTES, "runs": runs,
+            "skipped": [{"schedule": n, "policies": spec} for n, spec in skipped]}
 
 
 # === fsdp =======================================================================================
@@ -401,7 +502,8 @@ def sharded(dp_mesh, reshard_after_forward: bool):
     the step's end), then the stage, whose group holds the rest."""
     def prepare(mod, index):
         for block in mod.layers.values():
-            fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard_after_forward)
+            fully_shard(block, mesh=dp_mesh,
+                        reshard_after_forward=reshard_after_forward)
         fully_shard(mod, mesh=dp_mesh)
         return mod
     return prepare
@@ -480,15 +582,17 @@ def tensor_parallel(tp_mesh, prepared: bool):
     the backward all-reduces its gradient once, not once per layer."""
     def prepare(mod, index):
         for block in mod.layers.values():
-            plan = {"attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(),
-                    "attention.wv": ColwiseParallel(), "attention.wo": RowwiseParallel(),
-                    "feed_forward.w1": ColwiseParallel(), "feed_forward.w3": ColwiseParallel(),
-                    "feed_forward.w2": RowwiseParallel()}
-            if prepared:
-                for part, rest in (("attention", (None,) * 3), ("feed_forward", ())):  # x (, cos, sin, mask)
-                    layouts = (Replicate(), *rest)
-                    plan[part] = PrepareModuleInput(input_layouts=layouts, desired_input_layouts=layouts,
-                                                    use_local_output=False)
+            columns = ["attention.wq", "attention.wk", "attention.wv",
+                       "feed_forward.w1", "feed_forward.w3"]
+            plan = {name: ColwiseParallel() for name in columns}
+            plan.update({"attention.wo": RowwiseParallel(),
+                         "feed_forward.w2": RowwiseParallel()})
+            if prepared:  # attention takes (x, cos, sin, mask), the MLP (x,)
+                for part, n in (("attention", 4), ("feed_forward", 1)):
+                    layouts = (Replicate(), *[None] * (n - 1))
+                    plan[part] = PrepareModuleInput(
+                        input_layouts=layouts, desired_input_layouts=layouts,
+                        use_local_output=False)
             parallelize_module(block, tp_mesh, plan)
             block.attention.n_heads //= tp_mesh.size()  # this rank's heads
             block.attention.n_kv_heads //= tp_mesh.size()
@@ -643,8 +747,13 @@ def shaped_batches(strategy, rows, lengths, batch_size, buckets):
     for i in batch_starts(len(rows), batch_size):
         r, n = rows[i:i + batch_size], lengths[i:i + batch_size]
         longest = int(n.max()) - 1  # a row of n ids gives n - 1 predictions
-        T = {"recreate": longest, "bucket": min(b for b in buckets if b >= longest)}.get(strategy, max(buckets))
-        yield *data.inputs_and_targets(r[:, :T + 1], n), {}  # (B, T) each, padding ignored
+        T = max(buckets)  # pad
+        if strategy == "bucket":
+            T = min(b for b in buckets if b >= longest)
+        elif strategy == "recreate":
+            T = longest
+        # (B, T) each, the padding's targets ignored
+        yield *data.inputs_and_targets(r[:, :T + 1], n), {}
 # [end-shapes]
 
 
@@ -697,9 +806,9 @@ def strategy_run(strategy, full, rows, lengths, args, info) -> dict:
     made = {}  # shape -> schedule
 
     def schedule_for(T):
-        if strategy == "recreate":
-            made.clear()  # a new stage and schedule whenever the length changes
         if T not in made:
+            if strategy == "recreate":
+                made.clear()  # a new stage and schedule whenever the length changes
             stage = pipelining.PipelineStage(wrap(mods[0]), info.rank, info.world_size, info.device)
             made[T] = make_schedule("1F1B", [stage], args.microbatches, loss_fn=training.microbatch_mean_loss)
         return made[T]
@@ -710,18 +819,21 @@ def strategy_run(strategy, full, rows, lengths, args, info) -> dict:
         mods[0].zero_grad(set_to_none=True)
         dist.barrier()
         t0 = time.perf_counter()
-        new = T not in made or strategy == "recreate" and len(made) and next(iter(made)) != T
-        built += bool(new)
+        new = T not in made
+        built += new
         losses = step(schedule_for(T), [info.rank], info.world_size, tokens, targets, **extra)
         seconds = time.perf_counter() - t0
         ref = reference(wrap(full), tokens, targets, args.microbatches, training.microbatch_mean_loss, **extra)
         diff = grad_diff(mods, ref.mod if strategy == "pack" else ref)
-        steps.append([seconds, diff, T, int((targets != data.IGNORE_INDEX).sum()), targets.numel(), bool(new)])
+        steps.append([seconds, diff, T, int((targets != data.IGNORE_INDEX).sum()), targets.numel(), new])
     agg = torch.tensor([[s_[0], s_[1]] for s_ in steps], dtype=torch.float64)
     dist.all_reduce(agg, op=dist.ReduceOp.MAX)  # the slowest rank's step, the worst difference
+    built_here = torch.tensor([s_[5] for s_ in steps])  # the steps that built a stage and schedule
     return {"strategy": strategy, "steps": len(steps), "schedules_built": built,
             "lengths": sorted({s_[2] for s_ in steps}), "seconds": agg[:, 0].sum().item(),
-            "first_step_seconds": agg[0, 0].item(), "max_grad_diff": agg[:, 1].max().item(),
+            "building_step_seconds": agg[built_here, 0].mean().item(),
+            "other_step_seconds": agg[~built_here, 0].mean().item() if (~built_here).any() else None,
+            "max_grad_diff": agg[:, 1].max().item(),
             "real_tokens": sum(s_[3] for s_ in steps), "positions": sum(s_[4] for s_ in steps)}
 
 
@@ -745,6 +857,12 @@ def body(args: argparse.Namespace, info) -> int:
     result = sections[args.section](args, info)
     if info.rank != 0:
         return 0
+    result["meta"] = {"command": "torchrun --standalone --nproc-per-node "
+                      f"{info.world_size} scripts/12_combinations.py " + " ".join(a for a in (argv_of(args)) if a),
+                      "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__, "python": platform.python_version(),
+                      "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores, {platform.system()}",
+                      "backend": f"{info.backend} ({info.device.type})",
+                      "load_average": [round(x, 2) for x in os.getloadavg()]}  # of the machine, at the end
     result.update(section=args.section, world_size=info.world_size, microbatches=args.microbatches,
                   batch_size=args.batch_size, seq_len=args.seq_len, layers=args.layers, dim=args.dim,
                   seconds=time.perf_counter() - t0, torch_version=torch.__version__)
@@ -752,6 +870,15 @@ def body(args: argparse.Namespace, info) -> int:
     result["match"] = ok
     cli.write_json(args.json, result)
     return 1 if (args.check and not ok) else 0
+
+
+def argv_of(args) -> list[str]:
+    """The command line this run was given, without --json (for the record's meta)."""
+    argv = list(getattr(args, "argv", sys.argv[1:]))
+    if "--json" in argv:
+        i = argv.index("--json")
+        del argv[i:i + 2]
+    return [shlex.quote(a) for a in argv]
 
 
 def report(args, result) -> bool:

@@ -79,7 +79,7 @@ def checkpoint_block(block: torch.nn.Module, mode: str) -> torch.nn.Module:
     input, ``selective`` what :func:`selective_policy` keeps; ``none``
     leaves it alone. In place; parameter names do not change."""
     if mode not in MODES:
-        raise ValueError(f"activation checkpointing mode {mode!r}: use one of {', '.join(MODES)}")
+        raise ValueError(f"checkpointing mode {mode!r}: use one of {MODES}")
     if mode == "none":
         return block
     forward = block.forward

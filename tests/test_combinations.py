@@ -1,0 +1,157 @@
+"""Chapter 12: a pipeline combined with torch.compile, activation checkpointing, FSDP2, tensor
+parallelism and changing lengths. The chapter launches and checks, against one process: the
+compile sweep per block and in place (2 processes), the checkpointing policies (book kernels,
+2 processes), FSDP2 on a (pp, dp) mesh and tensor parallelism on a (pp, tp) mesh (4 processes),
+the shape strategies and the shorter-sequence failure (2 processes). These tests cover the rest:
+compiling whole stages, the fused kernels under checkpointing in a pipeline, a longer second
+step, the pure pieces (packing, batching, the FSDP unshard window against torch's own lowering),
+and bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import assert_one_line_error
+
+from ppbook import data, launch, simulate
+from ppbook.fsdp_window import StageGroups, fsdp_step, with_unshard_window
+from ppbook.planner.memory import layer_activation_bytes
+from ppbook.planner.shapes import ModelShape
+from ppbook.planner.traffic import fsdp_gathers
+
+SCRIPT = "12_combinations.py"
+
+
+@pytest.fixture(scope="module")
+def script():
+    return launch.load_script(SCRIPT)
+
+
+# --- launched: what the chapter does not run ------------------------------------------------------
+@pytest.mark.torchrun
+def test_compiling_whole_stages_runs_where_blocks_run_and_is_refused_where_they_are():
+    data_ = launch.torchrun(SCRIPT, ["--section", "compile", "--compile-modes", "stage", "--schedules", "1F1B",
+                                     "DualPipeV", "--steps", "1", "--warmup", "0", "--check"], nproc=2,
+                            timeout=300).data
+    by = {r["schedule"]: r for r in data_["runs"]}
+    assert by["1F1B"]["refused"] is None and by["1F1B"]["max_grad_diff"] == 0.0, by["1F1B"]
+    assert "ScheduleDualPipeV schedule is not supported" in by["DualPipeV"]["refused"]
+    assert data_["match"] and data_["donated_buffers_error"] is None  # no in-place mode asked for
+
+
+@pytest.mark.torchrun
+def test_fused_kernels_keep_what_the_planner_counts_in_every_stage():
+    d = launch.torchrun(SCRIPT, ["--section", "recompute", "--kernels", "fused", "--policies", "none", "selective",
+                                 "--steps", "1", "--warmup", "0", "--check"], nproc=2, timeout=300).data
+    shape = ModelShape("script", vocab=d["vocab"], hidden=d["dim"], layers=d["layers"], heads=d["heads"],
+                       kv_heads=d["kv_heads"], ffn=d["ffn"])
+    for run in d["runs"]:
+        for st in run["stages"].values():
+            slack = d["rng_state_bytes"] if st["mode"] != "none" else 0
+            want = layer_activation_bytes(shape, d["microbatch_tokens"], 4, "fused", st["mode"]) + slack
+            assert st["block_bytes"] == [want], (run["policies"], st)
+    assert d["match"]
+
+
+@pytest.mark.torchrun
+def test_a_longer_second_step_aborts_gloo():
+    r = launch.torchrun(SCRIPT, ["--section", "shapes", "--lengths", "16", "24"], nproc=2, timeout=120,
+                        check=False, json_result=False)
+    assert r.returncode != 0
+    assert "Received data size doesn't match expected size" in r.output, r.output[-3000:]
+
+
+# --- pure: packing and batching ------------------------------------------------------------------
+def rows_of(lengths: list[int], width: int):
+    g = torch.Generator().manual_seed(0)
+    rows = torch.randint(1, 50, (len(lengths), width), generator=g)
+    for r, n in zip(rows, lengths):
+        r[n:] = 0  # padding
+    return rows, torch.tensor(lengths)
+
+
+def test_packing_keeps_every_prediction_and_never_cuts_a_document(script):
+    lengths = [5, 9, 3, 17, 2, 8, 12]
+    rows, n = rows_of(lengths, 18)
+    tokens, targets, docs = script.pack(rows, n, 17)
+    assert tokens.shape == targets.shape == docs.shape and tokens.shape[1] == 17
+    real = targets != data.IGNORE_INDEX
+    assert int(real.sum()) == sum(x - 1 for x in lengths)
+    got = [(tuple(tokens[i][docs[i] == d].tolist()), tuple(targets[i][docs[i] == d].tolist()))
+           for i in range(len(docs)) for d in sorted(set(docs[i].tolist()) - {-1})]
+    want = [(tuple(r[:k - 1].tolist()), tuple(r[1:k].tolist())) for r, k in zip(rows, lengths)]
+    assert got == want  # each document whole, in order, with its own targets
+    assert bool(((docs == -1) == ~real).all())  # padding is its own document, and never scored
+
+
+def test_batches_take_the_shapes_each_strategy_promises(script):
+    lengths = [3, 5, 9, 14, 17, 20, 30, 33]
+    rows, n = rows_of(lengths, 33)
+    buckets = [8, 16, 32]
+    shapes = {s: [t.shape[1] for t, _, _ in script.shaped_batches(s, rows, n, 2, buckets)]
+              for s in ("pad", "bucket", "recreate", "pack")}
+    assert set(shapes["pad"]) == {32} and set(shapes["pack"]) == {32}
+    assert sorted(shapes["recreate"]) == [4, 13, 19, 32]  # each batch's longest document, minus one
+    assert sorted(shapes["bucket"]) == [8, 16, 32, 32]
+    for tokens, targets, extra in script.shaped_batches("pack", rows, n, 2, buckets):
+        assert extra["doc_ids"].shape == tokens.shape
+
+
+def test_the_document_mask_is_causal_within_documents(script):
+    docs = torch.tensor([[0, 0, 1, 1, -1]])
+    mask = script.document_mask(docs)[0, 0]
+    assert mask.tolist() == [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [0, 0, 1, 0, 0], [0, 0, 1, 1, 0],
+                             [0, 0, 0, 0, 1]]
+
+
+# --- pure: FSDP's all-gathers under torch's unshard window ----------------------------------------
+@pytest.mark.parametrize("name,p,m,v", [("Interleaved1F1B", 2, 4, 2), ("Interleaved1F1B", 2, 4, 4),
+                                        ("Interleaved1F1B", 4, 8, 3), ("LoopedBFS", 2, 4, 4),
+                                        ("InterleavedZeroBubble", 2, 4, 4), ("ZBVZeroBubble", 2, 4, 2),
+                                        ("DualPipeV", 2, 4, 2)])
+def test_the_unshard_window_is_torchs(name, p, m, v):
+    from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
+    from torch.distributed.pipelining.schedules import _add_unshard_reshard
+
+    kinds = {"FORWARD": "F", "FULL_BACKWARD": "B", "BACKWARD_INPUT": "I", "BACKWARD_WEIGHT": "W"}
+    for rank, acts in enumerate(get_schedule_ops(name, p, m, num_stages_per_rank=v)):
+        compute = [a for a in acts if a is not None and a.computation_type.name in kinds]
+        theirs = [(a.stage_index, kinds.get(a.computation_type.name, a.computation_type.name))
+                  for a in _add_unshard_reshard(compute)]
+        ours = with_unshard_window([(a.stage_index, kinds[a.computation_type.name]) for a in compute])
+        assert ours == theirs, (name, rank)
+
+
+@pytest.mark.parametrize("v", [2, 3])
+@pytest.mark.parametrize("reshard", [True, False])
+def test_up_to_three_stages_per_rank_the_window_changes_no_count(v, reshard):
+    order = simulate.torch_order("Interleaved1F1B", 2, 4, v)
+    for acts in order.values():
+        actions = [(a.stage, a.kind) for a in acts]
+        groups = {s: StageGroups((10, 10), root=5 if s == 0 else 0) for s, _ in actions}
+        planner = sum(2 * fsdp_gathers([k for s2, k in actions if s2 == s], reshard) + (1 if groups[s].root else 0)
+                      for s in groups)
+        assert fsdp_step(actions, groups, reshard, window=True).all_gathers == planner
+        assert fsdp_step(actions, groups, reshard, window=False).all_gathers == planner
+
+
+def test_four_stages_per_rank_are_gathered_again():
+    actions = [(a.stage, a.kind) for a in simulate.torch_order("Interleaved1F1B", 2, 4, 4)[0]]
+    groups = {s: StageGroups((10,)) for s, _ in actions}
+    windowed = fsdp_step(actions, groups, False, window=True)
+    assert windowed.all_gathers > fsdp_step(actions, groups, False, window=False).all_gathers == 4
+    assert windowed.gathered_bytes == 10 * windowed.all_gathers
+
+
+# --- bad input -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("args,nproc,message", [
+    (["--section", "tp", "--tp", "3"], 4, "--tp 3 must divide the number of processes (4)"),
+    (["--section", "tp", "--tp", "4", "--kv-heads", "2"], 4, "each tensor-parallel rank computes whole heads"),
+    (["--section", "recompute", "--schedules", "ZBVZeroBubble", "--policies", "selective"], 2,
+     "selective checkpointing cannot run under ZBVZeroBubble"),
+    (["--section", "recompute", "--policies", "full,most"], 2, "'most' is not one of none, full, selective"),
+    (["--section", "compile", "--schedules", "1F1B", "--microbatches", "1", "--batch-size", "4"], 2,
+     "needs at least as many microbatches as stages (2)"),
+])
+def test_bad_input_is_one_line(args, nproc, message):
+    assert_one_line_error(SCRIPT, args, message, nproc=nproc)
