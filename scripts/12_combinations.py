@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import functools
 import os
 import platform
 import shlex
@@ -42,21 +43,19 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.distributed import pipelining
-from tqdm import tqdm
-
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import Replicate
 from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, parallelize_module
 from torch.utils._python_dispatch import TorchDispatchMode
+from tqdm import tqdm
 
 from ppbook import cli, data, fsdp_probe, kernels, measure, precision, recompute, simulate, timeline, training, workload
-from ppbook.fsdp_window import StageGroups, fsdp_step
-from ppbook.planner.traffic import fsdp_gathers
 from ppbook.dist import gather_to_rank0
+from ppbook.fsdp_window import StageGroups, fsdp_step
 from ppbook.models import LlamaConfig, build_model
+from ppbook.planner.traffic import fsdp_gathers
 from ppbook.stages import TORCH_SCHEDULES, schedule_problem, stage_indices, stage_module
 
 SCHEDULES = list(TORCH_SCHEDULES)  # GPipe, 1F1B, Interleaved1F1B, LoopedBFS, InterleavedZeroBubble, ...
@@ -120,13 +119,16 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def validate(args: argparse.Namespace, world_size: int) -> None:
-    pp = world_size // {"fsdp": args.dp, "tp": args.tp}.get(args.section, 1)
-    if args.section in ("fsdp", "tp"):
-        size = args.dp if args.section == "fsdp" else args.tp
-        if size < 1 or world_size % size:
-            raise ValueError(f"--{args.section.replace('fsdp', 'dp')} {size} must divide the number of processes "
-                             f"({world_size}); pick one of {[d for d in range(1, world_size + 1) if world_size % d == 0]}")
+    size = {"fsdp": args.dp, "tp": args.tp}.get(args.section, 1)  # the mesh's inner dimension
+    if size < 1 or world_size % size:
+        flag = "--dp" if args.section == "fsdp" else "--tp"
+        raise ValueError(f"{flag} {size} must divide the number of processes ({world_size}); pick one of "
+                         f"{[d for d in range(1, world_size + 1) if world_size % d == 0]}")
+    pp = world_size // size
     cli.validate_common(args, pp)
+    if args.section == "fsdp" and args.batch_size % (args.dp * args.microbatches):
+        raise ValueError(f"--batch-size {args.batch_size} must split into --dp {args.dp} replicas of --microbatches "
+                         f"{args.microbatches} equal microbatches")
     if args.section == "tp" and (args.heads % args.tp or args.kv_heads % args.tp or args.ffn % args.tp):
         raise ValueError(f"--tp {args.tp} must divide --heads {args.heads}, --kv-heads {args.kv_heads} and --ffn "
                          f"{args.ffn}: each tensor-parallel rank computes whole heads")
@@ -272,35 +274,50 @@ def compiled(mode: str, backend: str):
 # [end-compile]
 
 
-class MatmulCounter(TorchDispatchMode):
-    """Counts the matrix products each kind of action (F, B, I, W) runs, while active: what a
-    split backward computes, whether a block is compiled or not."""
-
-    OPS = {"mm", "addmm", "bmm", "baddbmm"}
+class GraphCalls:
+    """Counts, per kind of action (F, B, I, W), how often compiled forward and backward graphs
+    run: ``backend()`` is ``aot_eager`` with counting compilers (AOTAutograd's graphs, run as they
+    are). A compiled block's backward is one graph: each run computes every gradient it has."""
 
     def __init__(self):
-        super().__init__()
-        self.kind, self.counts, self.actions = None, {}, {}
+        self.kind, self.calls, self._backend = None, {}, None
+
+    def backend(self):
+        """One backend object for every compilation (dynamo reuses what one backend compiled)."""
+        if self._backend is None:
+            self._backend = self._make()
+        return self._backend
+
+    def _make(self):
+        from torch._dynamo.backends.debugging import aot_eager, boxed_nop
+
+        def counting(graph):
+            def compiler(gm, example_inputs):
+                run = boxed_nop(gm, example_inputs)
+
+                def counted(args):
+                    key = f"{graph} in {self.kind}"
+                    self.calls[key] = self.calls.get(key, 0) + 1
+                    return run(args)
+                counted._boxed_call = True
+                return counted
+            return compiler
+
+        return functools.partial(aot_eager, fw_compiler=counting("forward"), bw_compiler=counting("backward"))
 
     def attach(self, stage) -> None:
         def wrap(method, kind_of):
-            def counted(*args, **kwargs):
+            def marked(*args, **kwargs):
                 self.kind = kind_of(kwargs)
-                self.actions[self.kind] = self.actions.get(self.kind, 0) + 1
                 try:
                     return method(*args, **kwargs)
                 finally:
                     self.kind = None
-            return counted
+            return marked
         stage.forward_one_chunk = wrap(stage.forward_one_chunk, lambda kw: "F")
         stage.backward_one_chunk = wrap(stage.backward_one_chunk,
                                         lambda kw: "B" if kw.get("full_backward", True) else "I")
         stage.backward_weight_one_chunk = wrap(stage.backward_weight_one_chunk, lambda kw: "W")
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if self.kind and func._opname in self.OPS:
-            self.counts[self.kind] = self.counts.get(self.kind, 0) + 1
-        return func(*args, **(kwargs or {}))
 
 
 # [start-donated]
@@ -325,21 +342,29 @@ def donated_buffers_off(on: bool, keep_caches: bool = False):
 # [end-donated]
 
 
+graph_calls = GraphCalls()
+
+
+def backend_of(args):
+    """The backend torch.compile gets: aot_eager with its graphs' runs counted, or the one named."""
+    return graph_calls.backend() if args.backend == "aot_eager" else args.backend
+
+
 def compile_run(name, mode, full, ref, tokens, targets, args, info) -> dict:
     if (mode == "in-place") != compile_run.donation_off:  # graphs compiled with and without donated
         torch._dynamo.reset()  # buffers must not be mixed: the split backward refuses the first kind
         compile_run.donation_off = mode == "in-place"
     torch._dynamo.utils.counters.clear()
     mods, stages, indices, num_stages = build_stages(name, full, args, info.rank, info.world_size, info.device,
-                                                     compiled(mode, args.backend))
+                                                     compiled(mode, backend_of(args)))
     try:
         schedule = make_schedule(name, stages, args.microbatches)
     except RuntimeError as err:  # torch refuses before any compilation or message
         return {"schedule": name, "mode": mode, "refused": f"{type(err).__name__}: {err}"}
-    rec, matmuls = timeline.Recorder(info.rank), MatmulCounter()
+    rec = timeline.Recorder(info.rank)
     for stage in stages:
         rec.attach(stage)
-        matmuls.attach(stage)
+        graph_calls.attach(stage)
     params = [p for mod in mods for p in mod.parameters()]
 
     def run_step():
@@ -349,20 +374,22 @@ def compile_run(name, mode, full, ref, tokens, targets, args, info) -> dict:
 
     with donated_buffers_off(mode == "in-place", args.keep_compile_caches):
         result = timed(run_step, args, info, rec)
-        matmuls.actions.clear()
-        with matmuls:  # one more step, counting matrix products per kind of action
-            run_step()
-    counts = gather_to_rank0((matmuls.counts, matmuls.actions))
+        graph_calls.calls.clear()
+        run_step()  # one more step, counting the compiled graphs' runs (and checked below)
+    calls = gather_to_rank0(graph_calls.calls)
     diff = torch.tensor(grad_diff(mods, ref), dtype=torch.float64)
     dist.all_reduce(diff, op=dist.ReduceOp.MAX)
     graphs = torch.tensor(float(torch._dynamo.utils.counters["stats"]["unique_graphs"]))
     dist.all_reduce(graphs, op=dist.ReduceOp.MAX)
     if result is None:
         return {}
-    per_action = {k: sum(c[0].get(k, 0) for c in counts) / n for k in "FBIW"
-                  if (n := sum(c[1].get(k, 0) for c in counts))}  # matrix products per action, every rank
+    counted = {}
+    for c in calls:  # every rank's runs of compiled graphs, by kind of action
+        for key, n in c.items():
+            counted[key] = counted.get(key, 0) + n
     return {"schedule": name, "mode": mode, "refused": None, "max_grad_diff": diff.item(),
-            "graphs": int(graphs.item()), "matmuls_per_action": per_action, **result}
+            "graphs": int(graphs.item()), "graph_calls": counted if args.backend == "aot_eager" else None,
+            "microbatches_x_blocks": args.microbatches * args.layers, **result}
 
 
 compile_run.donation_off = False
