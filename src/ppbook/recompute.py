@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import os
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -82,11 +84,13 @@ def checkpoint_block(block: torch.nn.Module, mode: str) -> torch.nn.Module:
         raise ValueError(f"checkpointing mode {mode!r}: use one of {MODES}")
     if mode == "none":
         return block
-    forward = block.forward
+    # the class's forward and a weak reference: no reference cycle through the block
+    forward, owner = type(block).forward, weakref.ref(block)
     extra = {"context_fn": _selective_contexts} if mode == "selective" else {}
 
     def recomputed(*args, **kwargs):
-        return checkpoint(forward, *args, use_reentrant=False, **extra, **kwargs)
+        return checkpoint(forward, owner(), *args, use_reentrant=False,
+                          **extra, **kwargs)
 
     block.forward = recomputed  # nn.Module.__call__ calls the instance's forward
     return block
@@ -113,7 +117,11 @@ def _quiet_stderr():
 
 @contextlib.contextmanager
 def _profiled(record: list):
-    """Append to ``record`` the bytes the code inside allocated and did not free."""
+    """Append to ``record`` the bytes the code inside allocated and did not free. Python's cyclic
+    garbage collector is held off meanwhile: run inside, it would free tensors allocated before
+    (a dropped model caught in a reference cycle) and count them as negative bytes."""
+    collecting = gc.isenabled()
+    gc.disable()
     prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)
     with _quiet_stderr():
         prof.__enter__()
@@ -122,6 +130,8 @@ def _profiled(record: list):
     finally:
         with _quiet_stderr():
             prof.__exit__(None, None, None)
+        if collecting:
+            gc.enable()
         record.append(sum(e.self_cpu_memory_usage for e in prof.events()))
 
 
