@@ -16,7 +16,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("leaves: formulas, reports, claims, errors, data, processes, launching, the action graph, precision, "
      "recomputation",
      ["report", "claims", "errors", "bubble", "dataflow", "data", "dist", "launch",
-      "activations", "checkpoint", "precision", "fsdp_probe", "recompute"]),
+      "activations", "checkpoint", "precision", "fsdp_probe", "recompute", "fsdp_window"]),
     ("the timeline format, recorded and simulated", ["timeline"]),
     ("the torch-free planner (a subpackage: its schedules, simulator, memory, search)", ["planner"]),
     ("models, stage placement, driving a schedule, training pieces, nodes",
