@@ -3,10 +3,13 @@
 Introduced in chapter 9 ("Scaling out"). Under ``fully_shard`` each parameter group (one per
 ``fully_shard`` call) is all-gathered before use and, depending on ``reshard_after_forward`` and
 on what torch's pipelining sets for backward, freed again. :func:`probe` counts the all-gathers
-and tracks the bytes of parameters held unsharded, in total and while only forwards have run.
+and tracks the bytes of parameters held unsharded, in total and while only forwards have run;
+chapter 12 also counts the gradient reductions (one reduce-scatter per group and step under
+torch's pipelining, after the last microbatch's backward).
 
-It wraps three methods of FSDP2's private ``FSDPParamGroup`` for the duration of a ``with``
-block (torch 2.13): a measurement, not something a training script should depend on.
+It wraps three methods of FSDP2's private ``FSDPParamGroup`` and the module's all-gather and
+reduce-scatter functions for the duration of a ``with`` block (torch 2.13): a measurement, not
+something a training script should depend on.
 """
 
 from __future__ import annotations
@@ -18,13 +21,15 @@ from dataclasses import dataclass, field
 @dataclass
 class FsdpStats:
     all_gathers: int = 0
+    reduce_scatters: int = 0
     peak_unsharded_bytes: int = 0           # the most parameter bytes held unsharded at once
     forward_peak_unsharded_bytes: int = 0   # the same, before the step's first backward
     backward_started: bool = False
     _held: dict = field(default_factory=dict)  # group id -> unsharded bytes
 
     def to_json(self) -> dict:
-        return {"all_gathers": self.all_gathers, "peak_unsharded_bytes": self.peak_unsharded_bytes,
+        return {"all_gathers": self.all_gathers, "reduce_scatters": self.reduce_scatters,
+                "peak_unsharded_bytes": self.peak_unsharded_bytes,
                 "forward_peak_unsharded_bytes": self.forward_peak_unsharded_bytes}
 
 
@@ -40,7 +45,7 @@ def probe():
     stats = FsdpStats()
     cls = pg.FSDPParamGroup
     saved = {"to_unsharded": cls._to_unsharded, "to_sharded": cls._to_sharded, "pre_backward": cls.pre_backward,
-             "gather": pg.foreach_all_gather}
+             "gather": pg.foreach_all_gather, "reduce": pg.foreach_reduce}
 
     def record():
         held = sum(stats._held.values())
@@ -65,11 +70,15 @@ def probe():
         stats.all_gathers += 1
         return saved["gather"](*args, **kwargs)
 
-    cls._to_unsharded, cls._to_sharded, cls.pre_backward, pg.foreach_all_gather = \
-        to_unsharded, to_sharded, pre_backward, gather
+    def reduce(*args, **kwargs):
+        stats.reduce_scatters += 1
+        return saved["reduce"](*args, **kwargs)
+
+    cls._to_unsharded, cls._to_sharded, cls.pre_backward, pg.foreach_all_gather, pg.foreach_reduce = \
+        to_unsharded, to_sharded, pre_backward, gather, reduce
     try:
         yield stats
     finally:
         cls._to_unsharded, cls._to_sharded, cls.pre_backward = \
             saved["to_unsharded"], saved["to_sharded"], saved["pre_backward"]
-        pg.foreach_all_gather = saved["gather"]
+        pg.foreach_all_gather, pg.foreach_reduce = saved["gather"], saved["reduce"]
