@@ -13,7 +13,8 @@ Introduced in chapter 12 ("A pipeline among the tools it is combined with");
   but in torch 2.13 it fails in the weight-gradient pass of the zero-bubble schedules, which
   recompute a region more than once (chapter 12).
 * :func:`allocated_bytes` runs a forward under :mod:`torch.profiler` with ``profile_memory`` and
-  sums what its operators allocated and did not free: the activations autograd keeps, inside
+  sums what its operators allocated and did not free (on the CPU, or on a GPU's device memory):
+  the activations autograd keeps, inside
   checkpointed regions too (which ``saved_tensors_hooks`` cannot see into), plus the output.
   A checkpointed region also keeps the CPU generator's state (:data:`RNG_STATE_BYTES`) unless
   ``preserve_rng_state=False``.
@@ -122,7 +123,10 @@ def _profiled(record: list):
     (a dropped model caught in a reference cycle) and count them as negative bytes."""
     collecting = gc.isenabled()
     gc.disable()
-    prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if torch.cuda.is_available():  # a GPU's allocations are device memory events
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    prof = torch.profiler.profile(activities=activities, profile_memory=True)
     with _quiet_stderr():
         prof.__enter__()
     try:
@@ -132,11 +136,11 @@ def _profiled(record: list):
             prof.__exit__(None, None, None)
         if collecting:
             gc.enable()
-        record.append(sum(e.self_cpu_memory_usage for e in prof.events()))
+        record.append(sum(e.self_cpu_memory_usage + e.self_device_memory_usage for e in prof.events()))
 
 
 def allocated_bytes(fn, *args, **kwargs):
-    """(bytes, output): what ``fn(*args, **kwargs)`` left allocated on the CPU when it returned:
+    """(bytes, output): what ``fn(*args, **kwargs)`` left allocated (CPU and GPU) when it returned:
     for a forward, the tensors kept for its backward plus its output. Tensors that exist before
     the call (the inputs, the parameters) are not counted."""
     record: list[int] = []
