@@ -50,7 +50,7 @@ RUNS = {
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     cli.add_common_args(p, microbatches=8, batch_size=32, seq_len=32, layers=4, dim=64)
-    cli.add_timing_args(p, steps=6)
+    cli.add_timing_args(p, steps=4)
     p.add_argument("--pp", type=int, default=None, help="pipeline stages' ranks (default: world size / --ep)")
     p.add_argument("--ep", type=int, default=2, help="expert-parallel ranks: each holds experts / ep experts")
     p.add_argument("--runs", nargs="+", choices=list(RUNS) + ["all"], default=["all"],
@@ -119,7 +119,8 @@ def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 # [start-shard]
 def my_part(batch: torch.Tensor, args, ep_rank: int) -> torch.Tensor:
     """Pipeline ep_rank's share of a batch (B, T): of every one of the m microbatches,
-    the ep_rank-th of ep equal parts, so that its microbatch i is part of microbatch i."""
+    the ep_rank-th of ep equal parts, so that its microbatch i is part of the
+    one-process microbatch i."""
     m, e = args.microbatches, args.ep
     parts = batch.view(m, e, -1, batch.shape[-1])  # (m, e, B/(m e), T)
     return parts[:, ep_rank].reshape(-1, batch.shape[-1]).contiguous()  # (B/e, T)
@@ -129,7 +130,8 @@ def my_part(batch: torch.Tensor, args, ep_rank: int) -> torch.Tensor:
 def reference(full, args, n_steps: int) -> tuple:
     """One process, all experts, the whole batch in the same m microbatches, each microbatch's
     loss = cross-entropy + coef x the layers' balancing losses, backpropagated, summed, / m,
-    then SGD: what every run must equal. Returns the model and the last step's losses."""
+    then SGD: what every run must equal. Returns the last step's gradients and the updated
+    weights, by parameter name, and its mean losses."""
     model = copy.deepcopy(full)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
     for step in range(n_steps):
@@ -144,7 +146,16 @@ def reference(full, args, n_steps: int) -> tuple:
         for p in model.parameters():
             p.grad.div_(args.microbatches)
         opt.step()
-    return model, sum(ce) / len(ce), sum(aux) / len(aux)
+    state = {n: (p.detach().cpu(), p.grad.cpu()) for n, p in model.named_parameters()}
+    return state, sum(ce) / len(ce), sum(aux) / len(aux)
+
+
+def shared_reference(full, args, info) -> tuple:
+    """:func:`reference`, computed on rank 0 and sent to every rank (the ranks share two
+    cores here: computing it on each would cost them all the time of one)."""
+    box = [reference(full, args, args.warmup + args.steps) if info.rank == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 # [start-groups]
@@ -185,8 +196,8 @@ def overlap_f_b(action, ctx) -> None:
             failed.append(err)
 
     thread = threading.Thread(target=backward)
-    thread.start()  # compute: backward of one microbatch ...
-    run_forward(sched, stages, f_stage, fwd.microbatch_index, ctx)  # ... forward of another
+    thread.start()  # compute: one microbatch's backward there, another's forward here
+    run_forward(sched, stages, f_stage, fwd.microbatch_index, ctx)
     thread.join()
     if failed:
         raise failed[0]
@@ -266,17 +277,18 @@ def sync_grads(mods, ep) -> None:
 # [end-sync]
 
 
-def compare(mods, ref) -> dict:
-    """Largest differences from the reference, gradients split into router and the rest."""
-    ref = dict(ref.named_parameters())
+def compare(mods, ref: dict) -> dict:
+    """Largest differences from the reference (name: (weight, gradient)), gradients split
+    into the router's and the rest."""
     diff = {"router": 0.0, "other": 0.0, "weight": 0.0, "router_grad": 0.0}
     for mod in mods:
         for name, p in mod.named_parameters():
             key = "router" if ".router." in name else "other"
-            diff[key] = max(diff[key], (p.grad - ref[name].grad).abs().max().item())
+            weight, grad = (t.to(p.device) for t in ref[name])
+            diff[key] = max(diff[key], (p.grad - grad).abs().max().item())
             if key == "router":  # the size of what is compared
-                diff["router_grad"] = max(diff["router_grad"], ref[name].grad.abs().max().item())
-            diff["weight"] = max(diff["weight"], (p.detach() - ref[name].detach()).abs().max().item())
+                diff["router_grad"] = max(diff["router_grad"], grad.abs().max().item())
+            diff["weight"] = max(diff["weight"], (p.detach() - weight).abs().max().item())
     return diff
 
 
@@ -288,7 +300,8 @@ def probe_all_to_all(info) -> dict:
     x = torch.arange(2.0 * w) + 100 * r  # chunk k (two values) goes to rank k
     y = torch.empty_like(x)
     dist.all_to_all_single(y, x)
-    facts["equal splits"] = y.tolist() == [100.0 * k + 2 * r + i for k in range(w) for i in range(2)]
+    expected = [100.0 * k + 2 * r + i for k in range(w) for i in range(2)]
+    facts["equal splits"] = y.tolist() == expected
     send = [r + k + 1 for k in range(w)]  # rank r sends r + k + 1 values to rank k
     receive = [k + r + 1 for k in range(w)]
     x, y = torch.full((sum(send),), float(r)), torch.empty(sum(receive))
@@ -397,7 +410,7 @@ def body(args: argparse.Namespace, info) -> int:
     full = moe.build_moe_model(moe_config(args), seed=args.seed,
                                dtype=precision.param_dtype(args.dtype)).to(info.device)
     probe = probe_all_to_all(info) if args.probe_gloo else None
-    ref, ref_ce, ref_aux = reference(full, args, args.warmup + args.steps)
+    ref, ref_ce, ref_aux = shared_reference(full, args, info)
     pp_group, ep = groups(args, info.rank)
     runs = [Run(run, full, args, info, pp_group, ep) for run in args.runs]
     # the runs take turns, one step each: a change in the machine's load hits them all alike

@@ -21,11 +21,11 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("models, stage placement, driving a schedule, training pieces, nodes",
      ["models", "stages", "driver", "training", "nodes"]),
     ("built on a model or a timeline: balancing, skip models, the workload, timing, simulating, "
-     "orders torch does not ship",
-     ["split", "skip", "workload", "measure", "simulate", "custom_schedules"]),
+     "orders torch does not ship, the mixture-of-experts model",
+     ["split", "skip", "workload", "measure", "simulate", "custom_schedules", "moe"]),
     ("on the simulator or the workload: the scripts' command line, fitting the simulator to measured runs, "
-     "the site's explorer, memory in bytes per schedule",
-     ["cli", "fit", "explorer", "memory"]),
+     "the site's explorer, memory in bytes per schedule, the simulator taught the all-to-all and overlapped pairs",
+     ["cli", "fit", "explorer", "memory", "overlap"]),
     ("top: the planner", ["plan"]),
 ]
 

@@ -83,8 +83,9 @@ def route(logits: torch.Tensor, top_k: int, cap: int) -> Routing:
     gate = gate / gate.sum(-1, keepdim=True)  # Mixtral: softmax over the chosen k
     expert = chosen.transpose(1, 2).reshape(B, top_k * T)  # (B, kT) choice-major
     onehot = F.one_hot(expert, E)  # (B, kT, E)
-    slot = ((onehot.cumsum(1) - 1) * onehot).sum(-1)  # (B, kT) position in its expert's queue
-    return Routing(expert, slot, gate.transpose(1, 2).reshape(B, top_k * T), slot < cap, probs)
+    slot = ((onehot.cumsum(1) - 1) * onehot).sum(-1)  # (B, kT) place in its expert's queue
+    gate = gate.transpose(1, 2).reshape(B, top_k * T)  # (B, kT)
+    return Routing(expert, slot, gate, slot < cap, probs)
 
 
 def balancing_loss(r: Routing, n_experts: int) -> torch.Tensor:
@@ -98,16 +99,17 @@ def balancing_loss(r: Routing, n_experts: int) -> torch.Tensor:
 
 
 class AuxLossToBackward(torch.autograd.Function):
-    """Return ``output`` unchanged; in the backward, give ``aux`` the gradient ``weight``.
+    """Return ``output`` unchanged; in the backward, give ``aux`` the gradient
+    ``weight``.
 
-    The balancing loss then trains the router through the same backward that the stage runs
-    for the main loss, on whichever stage the layer sits: Megatron-LM's ``MoEAuxLossAutoScaler``.
-    ``weight`` is the loss's coefficient. Megatron multiplies it by ``1/m`` because Megatron
-    scales every microbatch's loss by ``1/m``; torch's schedules divide the summed gradients by
-    ``m`` at the end instead (``scale_grads``), so here it must not."""
+    The balancing loss then trains the router through the backward that the stage runs
+    for the main loss, on whichever stage the layer sits (Megatron-LM's
+    ``MoEAuxLossAutoScaler``). ``weight`` is the loss's coefficient. Megatron multiplies
+    it by ``1/m`` because Megatron scales every microbatch's loss by ``1/m``; torch's
+    schedules divide the summed gradients by ``m`` at the end (``scale_grads``)."""
 
     @staticmethod
-    def forward(ctx, output: torch.Tensor, aux: torch.Tensor, weight: float) -> torch.Tensor:
+    def forward(ctx, output: torch.Tensor, aux: torch.Tensor, weight: float):
         ctx.save_for_backward(aux)
         ctx.weight = weight
         return output.view_as(output)
@@ -155,7 +157,8 @@ class ExpertParallel:
 
 
 class _AllToAll(torch.autograd.Function):
-    """An all-to-all with equal splits; its backward is the same exchange, on the backward group."""
+    """An all-to-all with equal splits; its backward is the same exchange, on the
+    backward's group."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, ep: ExpertParallel, kind: str) -> torch.Tensor:
@@ -192,45 +195,55 @@ class MoEFeedForward(nn.Module):
         self.aux_sum = 0.0  # the balancing losses of the forwards since, summed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, T, D = x.shape
+        B, T, D = x.shape  # (B, T, D): B sequences of T tokens
         E, k = self.cfg.n_experts, self.cfg.top_k
-        C = capacity(T, k, E, self.cfg.capacity_factor)
+        C = capacity(T, k, E, self.cfg.capacity_factor)  # slots per expert and sequence
         r = route(self.router(x), k, C)
         self.aux_loss = balancing_loss(r, E)
-        with torch.no_grad():
-            self.aux_sum += self.aux_loss.item()
-            self.routed += torch.bincount(r.expert.flatten().cpu(), minlength=E)
-            self.kept += torch.bincount(r.expert[r.kept].cpu(), minlength=E)
+        self.tally(r)
         b, a = r.kept.nonzero(as_tuple=True)  # every kept assignment: sequence, number
         e, s, t = r.expert[b, a], r.slot[b, a], a % T  # its expert, slot and token
-        # dispatch: each expert's tokens in its slots, zeros where a slot is empty
+        # dispatch: each expert's tokens in its slots, zeros in the slots left empty
         slots = x.new_zeros(E, B, C, D).index_put((e, b, s), x[b, t])  # (E, B, C, D)
         out = self.run_experts(slots)  # (E, B, C, D)
-        # combine: each kept assignment's output, weighted by its gate, into its token
-        y = x.new_zeros(B * T, D).index_add(0, b * T + t, out[e, b, s] * r.gate[b, a, None])
-        y = y.view(B, T, D)
-        if self.aux_weight is not None:
+        # combine: each kept assignment's output, times its gate, added to its token
+        weighted = out[e, b, s] * r.gate[b, a, None]  # (kept, D)
+        y = x.new_zeros(B * T, D).index_add(0, b * T + t, weighted).view(B, T, D)
+        # a dropped assignment adds nothing: the block's residual carries the token on
+        if self.aux_weight is not None:  # the balancing loss rides the backward
             y = AuxLossToBackward.apply(y, self.aux_loss, self.aux_weight)
         return y
 
+    @torch.no_grad()
+    def tally(self, r: Routing) -> None:
+        self.aux_sum += self.aux_loss.item()
+        self.routed += torch.bincount(r.expert.flatten().cpu(), minlength=self.cfg.n_experts)
+        self.kept += torch.bincount(r.expert[r.kept].cpu(), minlength=self.cfg.n_experts)
+
     def run_experts(self, slots: torch.Tensor) -> torch.Tensor:
-        """Every expert on its slots (E, B, C, D); with expert parallelism, ``B`` is this rank's
-        sequences and each expert runs where it lives, on the slots of every rank's sequences."""
+        """Every expert on its slots (E, B, C, D). With expert parallelism, ``B`` is
+        this rank's sequences, and each expert runs where it lives, on every rank's
+        slots."""
         E, B, C, D = slots.shape
-        if self.ep is None:
-            return torch.stack([self.experts[str(j)](slots[j].reshape(B * C, D)) for j in range(E)]).view_as(slots)
-        ep, local = self.ep, self.ep.experts_of(E)
-        got = _AllToAll.apply(slots, ep, "dispatch")  # (e * E_local, B, C, D): source rank major
-        got = got.view(ep.size, len(local), B, C, D).transpose(0, 1)  # (E_local, e, B, C, D)
-        done = torch.stack([self.experts[str(j)](got[i].reshape(ep.size * B * C, D))  # rows of all ranks
-                            for i, j in enumerate(local)])  # (E_local, e*B*C, D)
-        done = done.view(len(local), ep.size, B, C, D).transpose(0, 1)  # (e, E_local, B, C, D)
-        return _AllToAll.apply(done, ep, "combine").view(E, B, C, D)  # this rank's sequences
+        if self.ep is None:  # one process: every expert is here
+            return torch.stack([self.experts[str(j)](slots[j].reshape(B * C, D))
+                                for j in range(E)]).view_as(slots)
+        ep, mine = self.ep, self.ep.experts_of(E)
+        n = len(mine)  # experts on this rank
+        # comm: chunk k of the experts (those of rank k) to rank k
+        got = _AllToAll.apply(slots, ep, "dispatch")  # (e * n, B, C, D), by source
+        got = got.view(ep.size, n, B, C, D).transpose(0, 1)  # (n, e, B, C, D)
+        # compute: each of this rank's experts on the slots of every rank's sequences
+        done = torch.stack([self.experts[str(j)](got[i].reshape(ep.size * B * C, D))
+                            for i, j in enumerate(mine)])  # (n, e * B * C, D)
+        done = done.view(n, ep.size, B, C, D).transpose(0, 1)  # (e, n, B, C, D)
+        # comm: the results back to the ranks whose sequences they belong to
+        return _AllToAll.apply(done, ep, "combine").view(E, B, C, D)
 
 
 class MoEBlock(LlamaBlock):
-    """A Llama block whose feed-forward is a mixture of experts (the rest, and ``forward``,
-    are :class:`ppbook.models.LlamaBlock`'s)."""
+    """A Llama block whose feed-forward is a mixture of experts (the rest, and
+    ``forward``, are :class:`ppbook.models.LlamaBlock`'s)."""
 
     def __init__(self, cfg: MoEConfig):
         super().__init__(cfg)

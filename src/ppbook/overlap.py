@@ -18,6 +18,7 @@ computation. Everything here is plain Python, like the planner.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from statistics import median_high
 from typing import Callable
@@ -90,9 +91,10 @@ def comm_share(events: list[timeline.Event], comm: list[dict]) -> float:
 
 
 def pair_cost(f: tuple[float, float], b: tuple[float, float], overlap: bool) -> float:
-    """Time of a forward and a backward, each ``(compute, all-to-all)``: one after the other, or
-    overlapped on one core, where the computations take turns (they add up) and each half's
-    all-to-alls can hide under the other's computation (DualPipe's F&B chunk, DeepSeek-V3)."""
+    """Time of a forward and a backward, each ``(compute, all-to-all)``: one after
+    the other, or overlapped on one core, where the computations take turns (they add
+    up) and each half's all-to-alls can hide under the other's computation (DualPipe's
+    F&B chunk, DeepSeek-V3)."""
     (cf, af), (cb, ab) = f, b
     if not overlap:
         return cf + af + cb + ab
@@ -157,6 +159,17 @@ def simulate_pairs(order: PairOrder, cost: Callable[[Action], float],
     return sorted(events, key=lambda e: (e.start, e.rank))
 
 
+def by_pipeline(events: list[timeline.Event], p: int, comm: list[dict] | None = None) -> list[tuple]:
+    """A step of several pipelines side by side (rank = pipeline * p + position), as one
+    (events, all-to-alls) per pipeline, each with the ranks of its positions (0 to p - 1)."""
+    out = []
+    for i in range(1 + max(e.rank for e in events) // p):
+        mine = [dataclasses.replace(e, rank=e.rank % p) for e in events if e.rank // p == i]
+        calls = [{**c, "rank": c["rank"] % p} for c in comm or [] if c["rank"] // p == i]
+        out.append((mine, calls))
+    return out
+
+
 def step_inputs(events: list[timeline.Event], order: PairOrder) -> dict:
     """What one recorded step measured, for a replay of ``order`` (the order it ran, pairs kept):
     the mean duration per (stage, kind, in a pair or not) and of each kind of pair as a block
@@ -200,30 +213,80 @@ def step_inputs(events: list[timeline.Event], order: PairOrder) -> dict:
 
 def predicted_step_time(steps: list[list[timeline.Event]], order: PairOrder, overlapped: bool,
                         draws: int = 50, seed: int = 0) -> tuple[float, float]:
-    """Mean step time over measured steps (each a list of events), from the first action's start
-    to the last one's end: (measured, simulated). As :func:`ppbook.fit.predicted_step_time`, each
-    step is replayed from what was measured on it alone (:func:`step_inputs`): every action lasts
-    its kind's mean time (in a pair or alone), and gaps and hand-offs are drawn at random from
-    those measured; a pair is a block of its measured mean time if ``overlapped``, else its
-    halves run one after the other."""
+    """Mean step time over measured steps (each a list of events, of one pipeline or of several
+    side by side), from the first action's start to the last one's end: (measured, simulated).
+    As :func:`ppbook.fit.predicted_step_time`, each step is replayed from what was measured on
+    it alone (:func:`step_inputs`, each pipeline from its own actions): every action lasts its
+    kind's mean time (in a pair or alone), and gaps and hand-offs are drawn at random from those
+    measured; a pair is a block of its measured mean time if ``overlapped``, else its halves run
+    one after the other. The step ends with the slowest pipeline."""
     rng = random.Random(seed)
     measured, predicted = [], []
     for events in steps:
-        got = step_inputs(events, order)
-        in_pair = {a for items in order.values() for item in items if len(item) == 2 for a in item}
-        measured.append(got["span"])
-        handoffs = got["handoffs"] or [0.0]
-
-        def gap(a: Action) -> float:
-            return max(0.0, rng.choice(got["gaps"][(a.stage, a.kind)])) if (a.stage, a.kind) in got["gaps"] else 0.0
-
+        t0, t1 = timeline.span(events)
+        measured.append(t1 - t0)
+        inputs = [step_inputs(mine, order) for mine, _ in by_pipeline(events, len(order))]
         for _ in range(draws):
-            block = (lambda f, b: got["costs"][("pair", f.stage, b.stage)]) if overlapped else None
-            events_sim = simulate_pairs(order, lambda a: got["costs"][(a.stage, a.kind, a in in_pair)], pair=block,
-                                        latency=lambda sent, received: max(0.0, rng.choice(handoffs)), overhead=gap)
-            t0, t1 = timeline.span(events_sim)
-            predicted.append(t1 - t0)
+            predicted.append(max(_span(_simulate_drawn(got, order, overlapped, rng)) for got in inputs))
     return sum(measured) / len(measured), sum(predicted) / len(predicted)
+
+
+def _span(events: list[timeline.Event]) -> float:
+    t0, t1 = timeline.span(events)
+    return t1 - t0
+
+
+def _simulate_drawn(got: dict, order: PairOrder, overlapped: bool, rng) -> list[timeline.Event]:
+    in_pair = {a for items in order.values() for item in items if len(item) == 2 for a in item}
+    handoffs = got["handoffs"] or [0.0]
+
+    def gap(a: Action) -> float:
+        drawn = got["gaps"].get((a.stage, a.kind))
+        return max(0.0, rng.choice(drawn)) if drawn else 0.0
+
+    block = (lambda f, b: got["costs"][("pair", f.stage, b.stage)]) if overlapped else None
+    return simulate_pairs(order, lambda a: got["costs"][(a.stage, a.kind, a in in_pair)], pair=block,
+                          latency=lambda sent, received: max(0.0, rng.choice(handoffs)), overhead=gap)
+
+
+def replay(events: list[timeline.Event], order: PairOrder, overlapped: bool) -> list[timeline.Event]:
+    """One simulated step from one recorded step (:func:`step_inputs`, every pipeline), with
+    each pipeline's typical gap and hand-off (the medians) instead of draws: the simulated
+    timeline drawn beside the recorded one, ranks numbered as recorded."""
+    p, out = len(order), []
+    in_pair = {a for items in order.values() for item in items if len(item) == 2 for a in item}
+    for i, (mine, _) in enumerate(by_pipeline(events, p)):
+        got = step_inputs(mine, order)
+        gaps = {k: max(0.0, median_high(v)) for k, v in got["gaps"].items()}
+        handoff = max(0.0, median_high(got["handoffs"])) if got["handoffs"] else 0.0
+        block = (lambda f, b: got["costs"][("pair", f.stage, b.stage)]) if overlapped else None
+        sim = simulate_pairs(order, lambda a: got["costs"][(a.stage, a.kind, a in in_pair)], pair=block,
+                             latency=lambda sent, received: handoff,
+                             overhead=lambda a: gaps.get((a.stage, a.kind), 0.0))
+        out += [dataclasses.replace(e, rank=e.rank + i * p) for e in sim]
+    return sorted(out, key=lambda e: (e.start, e.rank))
+
+
+def pair_stats(steps: list[tuple[list[timeline.Event], list[dict]]], order: PairOrder) -> dict:
+    """Over recorded steps (events, all-to-alls), the pairs of ``order``: the mean block (first
+    half's start to last half's end), the mean time one half computed and spent inside
+    all-to-alls, and the median time of one all-to-all inside a pair."""
+    blocks, compute, inside, calls = [], [], [], []
+    pipelines = [one for events, comm in steps for one in by_pipeline(events, len(order), comm)]
+    for events, comm in pipelines:
+        by_key = {(e.stage, e.kind, e.microbatch): e for e in events}
+        for item in (item for items in order.values() for item in items if len(item) == 2):
+            got = [by_key[(a.stage, a.kind, a.microbatch)] for a in item]
+            blocks.append(max(e.end for e in got) - min(e.start for e in got))
+            for e in got:
+                mine = comm_inside(e, comm)
+                waited = sum(c["end"] - c["start"] for c in mine)
+                compute.append(e.duration - waited)
+                inside.append(waited)
+                calls += [c["end"] - c["start"] for c in mine]
+    mean = lambda v: sum(v) / len(v)  # noqa: E731
+    return {"block": mean(blocks), "compute": mean(compute), "all_to_all": mean(inside),
+            "per_call": median_high(calls), "pairs": len(blocks)}
 
 
 def predicted_overlap(split: dict[tuple[int, str], tuple[float, float]], order: PairOrder,
