@@ -254,8 +254,9 @@ def example_args(args, stage_index: int, num_stages: int, device) -> dict:
     in the first step by running each stage's forward, on empty (uninitialised) tensors
     beyond the first stage, through the router, its tallies and the all-to-alls."""
     rows = args.batch_size // (args.microbatches * args.ep)  # one microbatch of one pipeline
-    hidden = torch.zeros(rows, args.seq_len, args.dim, device=device, requires_grad=True)
-    logits = torch.zeros(rows, args.seq_len, args.vocab, device=device, requires_grad=True)
+    like = {"device": device, "dtype": precision.param_dtype(args.dtype), "requires_grad": True}
+    hidden = torch.zeros(rows, args.seq_len, args.dim, **like)
+    logits = torch.zeros(rows, args.seq_len, args.vocab, **like)
     tokens = torch.zeros(rows, args.seq_len, dtype=torch.long, device=device)
     return {"input_args": (tokens if stage_index == 0 else hidden,),
             "output_args": (logits if stage_index == num_stages - 1 else hidden,)}
@@ -293,8 +294,9 @@ def compare(mods, ref: dict) -> dict:
 
 
 # [start-probe]
-def probe_all_to_all(info) -> dict:
-    """What all_to_all_single does on this backend, on this launch's ranks."""
+def probe_all_to_all(info, numel: int) -> dict:
+    """What all_to_all_single does on this backend, on this launch's ranks; and how long
+    one takes, back to back, for a buffer of ``numel`` float32 values (a layer's)."""
     w, r = info.world_size, info.rank
     facts = {}
     x = torch.arange(2.0 * w) + 100 * r  # chunk k (two values) goes to rank k
@@ -326,6 +328,14 @@ def probe_all_to_all(info) -> dict:
     [t.start() for t in threads]
     [t.join() for t in threads]
     facts["two groups, two threads at once"] = got == {0: True, 1: True}
+    x = torch.zeros(numel)
+    y = torch.empty_like(x)
+    seconds = []
+    for _ in range(25):
+        start = time.perf_counter()
+        dist.all_to_all_single(y, x)
+        seconds.append(time.perf_counter() - start)
+    facts["seconds back to back"] = sorted(seconds[5:])[10]  # median, after 5 warm-ups
     return facts
 # [end-probe]
 
@@ -409,7 +419,11 @@ def body(args: argparse.Namespace, info) -> int:
     torch.set_num_threads(1)  # one process per core; the overlap's second thread shares it
     full = moe.build_moe_model(moe_config(args), seed=args.seed,
                                dtype=precision.param_dtype(args.dtype)).to(info.device)
-    probe = probe_all_to_all(info) if args.probe_gloo else None
+    cfg = moe_config(args)
+    rows = args.batch_size // (args.microbatches * args.ep)  # sequences per microbatch
+    numel = rows * cfg.n_experts * moe.capacity(args.seq_len, cfg.top_k, cfg.n_experts,
+                                                 cfg.capacity_factor) * args.dim
+    probe = probe_all_to_all(info, numel) if args.probe_gloo else None
     ref, ref_ce, ref_aux = shared_reference(full, args, info)
     pp_group, ep = groups(args, info.rank)
     runs = [Run(run, full, args, info, pp_group, ep) for run in args.runs]
