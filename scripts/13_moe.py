@@ -361,9 +361,9 @@ class Run:
         dist.barrier()
         self.rec.start_step()
         ep.trace.clear()
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         mb_losses = driver.schedule_step(self.schedule, self.info, tokens, targets, **self.holds)
-        seconds = time.perf_counter() - t0
+        seconds, cpu = time.perf_counter() - t0, time.process_time() - cpu0  # cpu: all threads
         sync_grads(self.mods, ep)
         last = step == args.warmup + args.steps - 1
         if last:
@@ -372,20 +372,21 @@ class Run:
         if last:
             self.diff["weight"] = compare(self.mods, ref)["weight"]  # and updated weights
         self.ce_losses.append(sum(loss.item() for loss in mb_losses) / len(mb_losses) if mb_losses else None)
-        rows = gather_to_rank0((timeline.to_json(self.rec.events), list(ep.trace), seconds))
+        rows = gather_to_rank0((timeline.to_json(self.rec.events), list(ep.trace), seconds, cpu))
         if step >= args.warmup and rows is not None:
             self.records.append(step_record(rows))
 
 
 def step_record(rows) -> dict:
     """One measured step on rank 0: every rank's actions and all-to-alls, in seconds from
-    the step's first action, and its time (the slowest rank's)."""
-    t0 = min(e["start"] for events, _, _ in rows for e in events)
+    the step's first action, its time (the slowest rank's) and each rank's processor time."""
+    t0 = min(e["start"] for events, *_ in rows for e in events)
     events = [timeline.Event(**{**e, "start": e["start"] - t0, "end": e["end"] - t0})
-              for events, _, _ in rows for e in events]
+              for events, *_ in rows for e in events]
     comm = [{"rank": r, "kind": kind, "start": s - t0, "end": e - t0, "bytes": nbytes}
-            for r, (_, trace, _) in enumerate(rows) for kind, s, e, nbytes in trace]
-    return {"seconds": max(sec for _, _, sec in rows), "comm": comm,
+            for r, (_, trace, *_) in enumerate(rows) for kind, s, e, nbytes in trace]
+    return {"seconds": max(row[2] for row in rows), "comm": comm,
+            "cpu_seconds": [row[3] for row in rows],  # each rank's processor time, all threads
             "events": timeline.to_json(sorted(events, key=lambda e: e.start))}
 
 
