@@ -22,11 +22,11 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("models, stage placement, driving a schedule, training pieces, nodes",
      ["models", "stages", "driver", "training", "nodes"]),
     ("built on a model or a timeline: balancing, skip models, Hugging Face models, the workload, timing, "
-     "simulating, orders torch does not ship",
-     ["split", "skip", "hf", "workload", "measure", "simulate", "custom_schedules", "kernels"]),
+     "simulating, orders torch does not ship, the mixture-of-experts model",
+     ["split", "skip", "hf", "workload", "measure", "simulate", "custom_schedules", "kernels", "moe"]),
     ("on the simulator or the workload: the scripts' command line, fitting the simulator to measured runs, "
-     "the planner page, memory in bytes per schedule",
-     ["cli", "fit", "explorer", "memory"]),
+     "the planner page, memory in bytes per schedule, the simulator taught the all-to-all and overlapped pairs",
+     ["cli", "fit", "explorer", "memory", "overlap"]),
     ("top: the planner", ["plan"]),
 ]
 

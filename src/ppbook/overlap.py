@@ -1,0 +1,331 @@
+"""The simulator taught two things a mixture of experts brings: the all-to-all inside every
+action, and DualPipeV's overlapped pairs.
+
+Introduced in chapter 13 ("Mixture of experts through a pipeline"). The book's simulator
+(:mod:`ppbook.simulate`) runs one action at a time per rank. ``ScheduleDualPipeV`` also emits
+pairs (``OVERLAP_F_B``: one microbatch's forward and another's backward), which a registered
+function may run at once. Here an order keeps those pairs: each rank's list holds single actions
+and ``(forward, backward)`` tuples; a pair starts when both its inputs are there and occupies its
+rank until both halves are done.
+
+An action of a mixture-of-experts stage is compute interleaved with all-to-alls (two per layer
+in the forward, two in the backward). :func:`split_costs` reads, from a recorded step, how long
+each kind of action computed and how long it spent inside all-to-alls; :func:`pair_cost` says
+what a pair then costs: one after the other (torch's default), or overlapped on one core, where
+the two halves' computations take turns and each one's all-to-all waits hide under the other's
+computation. Everything here is plain Python, like the planner.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from statistics import median_high
+from typing import Callable
+
+from ppbook import simulate, timeline
+from ppbook.dataflow import waits_on
+from ppbook.planner.schedules import Action
+
+Item = tuple[Action, ...]  # one action, or a (forward, backward) pair run at once
+PairOrder = dict[int, list[Item]]
+
+
+def pair_order(name: str, p: int, m: int, v: int = 2) -> PairOrder:
+    """Each rank's compute actions as torch's ``Schedule<name>`` runs them, with DualPipeV's
+    ``OVERLAP_F_B`` pairs kept as ``(forward, backward)`` (built on mock stages, no process
+    group; see :func:`ppbook.simulate.torch_order`, which flattens the pairs)."""
+    if name == "1F1B":
+        return {r: [(a,) for a in acts] for r, acts in simulate.torch_order(name, p, m).items()}
+    kinds = {"FORWARD": "F", "FULL_BACKWARD": "B", "BACKWARD_INPUT": "I", "BACKWARD_WEIGHT": "W"}
+    out: PairOrder = {}
+    for rank, acts in enumerate(simulate.schedule_ops(name, p, m, simulate.stages_per_rank(name, v))):
+        out[rank] = []
+        for a in acts:
+            if a is None:
+                continue
+            subs = [s for s in (a.sub_actions or (a,)) if s.computation_type.name in kinds]
+            if subs:
+                out[rank].append(tuple(Action(s.stage_index, kinds[s.computation_type.name], s.microbatch_index)
+                                       for s in subs))
+    return out
+
+
+def flatten(order: PairOrder) -> simulate.Order:
+    """The same order with every pair run one half after the other (torch's default runtime)."""
+    return {r: [a for item in items for a in item] for r, items in order.items()}
+
+
+def pairs(order: PairOrder) -> int:
+    return sum(len(item) == 2 for items in order.values() for item in items)
+
+
+# ---------------------------------------------------------------------------------------------
+# What an action is made of
+# ---------------------------------------------------------------------------------------------
+def comm_inside(e: timeline.Event, comm: list[dict]) -> list[dict]:
+    """The all-to-alls ``e`` ran: on its rank, within its span, and of its direction (the
+    backward's carry ``-grad`` in their kind), so that an overlapped forward and backward, which
+    run at the same time, each get their own."""
+    backward = e.kind != "F"
+    return [c for c in comm if c["rank"] == e.rank and c["kind"].endswith("-grad") == backward
+            and e.start - 1e-6 <= c["start"] and c["end"] <= e.end + 1e-6]
+
+
+def split_costs(events: list[timeline.Event], comm: list[dict]) -> dict[tuple[int, str], tuple[float, float]]:
+    """Per (stage, kind): the mean time computing and the mean time inside all-to-alls."""
+    sums: dict[tuple[int, str], list[float]] = {}
+    for e in events:
+        inside = sum(c["end"] - c["start"] for c in comm_inside(e, comm))
+        acc = sums.setdefault((e.stage, e.kind), [0.0, 0.0, 0])
+        acc[0] += e.duration - inside
+        acc[1] += inside
+        acc[2] += 1
+    return {k: (c / n, a / n) for k, (c, a, n) in sums.items()}
+
+
+def comm_share(events: list[timeline.Event], comm: list[dict]) -> float:
+    """Share of all the actions' time spent inside all-to-alls."""
+    total = sum(e.duration for e in events)
+    return sum(c["end"] - c["start"] for e in events for c in comm_inside(e, comm)) / total
+
+
+def pair_cost(f: tuple[float, float], b: tuple[float, float], overlap: bool) -> float:
+    """Time of a forward and a backward, each ``(compute, all-to-all)``: one after
+    the other, or overlapped on one core, where the computations take turns (they add
+    up) and each half's all-to-alls can hide under the other's computation (DualPipe's
+    F&B chunk, DeepSeek-V3)."""
+    (cf, af), (cb, ab) = f, b
+    if not overlap:
+        return cf + af + cb + ab
+    return max(cf + cb, cf + af, cb + ab)
+
+
+# ---------------------------------------------------------------------------------------------
+# The simulator
+# ---------------------------------------------------------------------------------------------
+def simulate_pairs(order: PairOrder, cost: Callable[[Action], float],
+                   pair: Callable[[Action, Action], float] | None = None,
+                   latency: Callable[[Action, Action], float] = lambda sent, received: 0.0,
+                   overhead: Callable[[Action], float] = lambda a: 0.0) -> list[timeline.Event]:
+    """Run ``order``: each item starts when its rank has finished the previous one (plus
+    ``overhead`` of its first action) and every input it needs has arrived (``latency`` after
+    the action it waits on, when that ran on another rank). A single action lasts ``cost(a)``.
+    A pair is one block: overlapped, both halves span ``pair(f, b)``; without ``pair``, the
+    forward runs and then the backward, ``cost`` each (torch's default runtime). Either way
+    its outputs leave when the whole block is done, as torch's runtime sends them after the
+    ``OVERLAP_F_B`` action. Returns the events; a ``ValueError`` if the order deadlocks."""
+    actions = {a: r for r, items in order.items() for item in items for a in item}
+    num_stages = 1 + max(a.stage for a in actions)
+    present = {(a.stage, a.kind, a.microbatch) for a in actions}
+    done: dict[Action, float] = {}  # when an action's output is available
+    free = {r: 0.0 for r in order}
+    position = {r: 0 for r in order}
+    events = []
+    remaining = sum(len(items) for items in order.values())
+    while remaining:
+        progressed = False
+        for r, items in order.items():
+            while position[r] < len(items):
+                item = items[position[r]]
+                deps = [waits_on(a.stage, a.kind, a.microbatch, num_stages, present.__contains__) for a in item]
+                deps = [(Action(*d), a) for d, a in zip(deps, item) if d is not None]
+                if any(d not in done for d, _ in deps):
+                    break  # an input is not there yet: try the other ranks
+                ready = {a: done[d] + (latency(d, a) if actions[d] != r else 0.0) for d, a in deps}
+                after = free[r] + (overhead(item[0]) if position[r] else 0.0)
+                if len(item) == 1:
+                    start = max(after, ready.get(item[0], 0.0))
+                    spans = [(start, start + cost(item[0]))]
+                elif pair is not None:  # overlapped: one block, once both inputs are there
+                    start = max(after, *ready.values())
+                    spans = [(start, start + pair(*item))] * 2
+                else:  # one half after the other, each once its own input is there
+                    f, b = item
+                    start = max(after, ready.get(f, 0.0))
+                    middle = max(start + cost(f) + overhead(b), ready.get(b, 0.0))
+                    spans = [(start, start + cost(f)), (middle, middle + cost(b))]
+                block_end = max(e for _, e in spans)
+                for a, (s, e) in zip(item, spans):
+                    done[a] = block_end
+                    events.append(timeline.Event(r, a.stage, a.kind, a.microbatch, s, e))
+                free[r] = block_end
+                position[r] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            stuck = {r: str(items[position[r]]) for r, items in order.items() if position[r] < len(items)}
+            raise ValueError(f"schedule deadlocks: each rank waits on an action no rank can run: {stuck}")
+    return sorted(events, key=lambda e: (e.start, e.rank))
+
+
+def by_pipeline(events: list[timeline.Event], p: int, comm: list[dict] | None = None) -> list[tuple]:
+    """A step of several pipelines side by side (rank = pipeline * p + position), as one
+    (events, all-to-alls) per pipeline, each with the ranks of its positions (0 to p - 1)."""
+    out = []
+    for i in range(1 + max(e.rank for e in events) // p):
+        mine = [dataclasses.replace(e, rank=e.rank % p) for e in events if e.rank // p == i]
+        calls = [{**c, "rank": c["rank"] % p} for c in comm or [] if c["rank"] // p == i]
+        out.append((mine, calls))
+    return out
+
+
+def step_inputs(events: list[timeline.Event], order: PairOrder) -> dict:
+    """What one recorded step measured, for a replay of ``order`` (the order it ran, pairs kept):
+    the mean duration per (stage, kind, in a pair or not) and of each kind of pair as a block
+    (``("pair", forward's stage, backward's stage)``); for every item that waited for an
+    input from another rank, the delay from that input's end to the item's start (a hand-off);
+    for every other item, the gap after its rank's previous item, per (stage, kind) of its first
+    action."""
+    by_key = {(e.stage, e.kind, e.microbatch): e for e in events}
+    in_pair = {a for items in order.values() for item in items if len(item) == 2 for a in item}
+    durations: dict[tuple, list[float]] = {}
+    for item in (item for items in order.values() for item in items):
+        got = [by_key[(a.stage, a.kind, a.microbatch)] for a in item]
+        for a, e in zip(item, got):
+            durations.setdefault((a.stage, a.kind, a in in_pair), []).append(e.duration)
+        if len(item) == 2:  # the block: from the first half's start to the last one's end
+            durations.setdefault(("pair", item[0].stage, item[1].stage), []).append(
+                max(e.end for e in got) - min(e.start for e in got))
+    rank_of = {a: r for r, items in order.items() for item in items for a in item}
+    num_stages = 1 + max(a.stage for a in rank_of)
+    gaps: dict[tuple[int, str], list[float]] = {}
+    handoffs = []
+    for r, items in order.items():
+        prev_end = None
+        for item in items:
+            got = [by_key[(a.stage, a.kind, a.microbatch)] for a in item]
+            start, end = min(e.start for e in got), max(e.end for e in got)
+            deps = [Action(*d) for a in item
+                    if (d := waits_on(a.stage, a.kind, a.microbatch, num_stages, by_key.__contains__)) is not None]
+            remote = [by_key[(d.stage, d.kind, d.microbatch)].end for d in deps if rank_of[d] != r]
+            if remote and (prev_end is None or max(remote) >= prev_end):
+                handoffs.append(start - max(remote))
+            elif prev_end is not None:
+                gaps.setdefault((item[0].stage, item[0].kind), []).append(start - prev_end)
+            if len(item) == 2 and got[1].start >= got[0].end:  # run one after the other
+                gaps.setdefault((item[1].stage, item[1].kind), []).append(got[1].start - got[0].end)
+            prev_end = end
+    t0, t1 = timeline.span(events)
+    return {"costs": {k: sum(v) / len(v) for k, v in durations.items()}, "gaps": gaps,
+            "handoffs": handoffs, "span": t1 - t0}
+
+
+def predicted_step_time(steps: list[list[timeline.Event]], order: PairOrder, overlapped: bool,
+                        draws: int = 50, seed: int = 0) -> tuple[float, float]:
+    """Mean step time over measured steps (each a list of events, of one pipeline or of several
+    side by side), from the first action's start to the last one's end: (measured, simulated).
+    As :func:`ppbook.fit.predicted_step_time`, each step is replayed from what was measured on
+    it alone (:func:`step_inputs`, each pipeline from its own actions): every action lasts its
+    kind's mean time (in a pair or alone), and gaps and hand-offs are drawn at random from those
+    measured; a pair is a block of its measured mean time if ``overlapped``, else its halves run
+    one after the other. The step ends with the slowest pipeline."""
+    rng = random.Random(seed)
+    measured, predicted = [], []
+    for events in steps:
+        t0, t1 = timeline.span(events)
+        measured.append(t1 - t0)
+        inputs = [step_inputs(mine, order) for mine, _ in by_pipeline(events, len(order))]
+        for _ in range(draws):
+            predicted.append(max(_span(_simulate_drawn(got, order, overlapped, rng)) for got in inputs))
+    return sum(measured) / len(measured), sum(predicted) / len(predicted)
+
+
+def _span(events: list[timeline.Event]) -> float:
+    t0, t1 = timeline.span(events)
+    return t1 - t0
+
+
+def _simulate_drawn(got: dict, order: PairOrder, overlapped: bool, rng) -> list[timeline.Event]:
+    in_pair = {a for items in order.values() for item in items if len(item) == 2 for a in item}
+    handoffs = got["handoffs"] or [0.0]
+
+    def gap(a: Action) -> float:
+        drawn = got["gaps"].get((a.stage, a.kind))
+        return max(0.0, rng.choice(drawn)) if drawn else 0.0
+
+    block = (lambda f, b: got["costs"][("pair", f.stage, b.stage)]) if overlapped else None
+    return simulate_pairs(order, lambda a: got["costs"][(a.stage, a.kind, a in in_pair)], pair=block,
+                          latency=lambda sent, received: max(0.0, rng.choice(handoffs)), overhead=gap)
+
+
+def replay(events: list[timeline.Event], order: PairOrder, overlapped: bool) -> list[timeline.Event]:
+    """One simulated step from one recorded step (:func:`step_inputs`, every pipeline), with
+    each pipeline's typical gap and hand-off (the medians) instead of draws: the simulated
+    timeline drawn beside the recorded one, ranks numbered as recorded."""
+    p, out = len(order), []
+    in_pair = {a for items in order.values() for item in items if len(item) == 2 for a in item}
+    for i, (mine, _) in enumerate(by_pipeline(events, p)):
+        got = step_inputs(mine, order)
+        gaps = {k: max(0.0, median_high(v)) for k, v in got["gaps"].items()}
+        handoff = max(0.0, median_high(got["handoffs"])) if got["handoffs"] else 0.0
+        block = (lambda f, b: got["costs"][("pair", f.stage, b.stage)]) if overlapped else None
+        sim = simulate_pairs(order, lambda a: got["costs"][(a.stage, a.kind, a in in_pair)], pair=block,
+                             latency=lambda sent, received: handoff,
+                             overhead=lambda a: gaps.get((a.stage, a.kind), 0.0))
+        out += [dataclasses.replace(e, rank=e.rank + i * p) for e in sim]
+    return sorted(out, key=lambda e: (e.start, e.rank))
+
+
+def pair_stats(steps: list[tuple[list[timeline.Event], list[dict]]], order: PairOrder) -> dict:
+    """Over recorded steps (events, all-to-alls), the pairs of ``order``: the mean block (first
+    half's start to last half's end), the mean time one half computed and spent inside
+    all-to-alls, and the median time of one all-to-all inside a pair."""
+    blocks, compute, inside, calls = [], [], [], []
+    pipelines = [one for events, comm in steps for one in by_pipeline(events, len(order), comm)]
+    for events, comm in pipelines:
+        by_key = {(e.stage, e.kind, e.microbatch): e for e in events}
+        for item in (item for items in order.values() for item in items if len(item) == 2):
+            got = [by_key[(a.stage, a.kind, a.microbatch)] for a in item]
+            blocks.append(max(e.end for e in got) - min(e.start for e in got))
+            for e in got:
+                mine = comm_inside(e, comm)
+                waited = sum(c["end"] - c["start"] for c in mine)
+                compute.append(e.duration - waited)
+                inside.append(waited)
+                calls += [c["end"] - c["start"] for c in mine]
+    mean = lambda v: sum(v) / len(v)  # noqa: E731
+    return {"block": mean(blocks), "compute": mean(compute), "all_to_all": mean(inside),
+            "per_call": median_high(calls), "pairs": len(blocks)}
+
+
+def predicted_overlap(split: dict[tuple[int, str], tuple[float, float]], order: PairOrder,
+                      overlap: bool, latency: float = 0.0) -> float:
+    """Step time of ``order`` with every action's (compute, all-to-all) from ``split`` (measured
+    without the overlap), its pairs run one after the other or overlapped (:func:`pair_cost`)."""
+    total = {k: c + a for k, (c, a) in split.items()}
+    events = simulate_pairs(order, lambda a: total[(a.stage, a.kind)],
+                            pair=lambda f, b: pair_cost(split[(f.stage, f.kind)], split[(b.stage, b.kind)], overlap),
+                            latency=lambda sent, received: latency)
+    t0, t1 = timeline.span(events)
+    return t1 - t0
+
+
+def median_comm(comm: list[dict]) -> float:
+    """The median duration of one all-to-all."""
+    return median_high([c["end"] - c["start"] for c in comm]) if comm else 0.0
+
+
+def plot(events: list[timeline.Event], comm: list[dict] | None = None, ax=None, title: str | None = None):
+    """A per-rank chart where a forward and a backward that run at once are both visible:
+    forwards in the upper half of a rank's row, backward passes in the lower half, and every
+    all-to-all as a black tick on the half of the action that ran it."""
+    import matplotlib.pyplot as plt
+
+    ax = ax or plt.gca()
+    t0, _ = timeline.span(events)
+    ranks = sorted({e.rank for e in events})
+    for e in events:
+        y = e.rank - 0.2 if e.kind == "F" else e.rank + 0.2
+        ax.barh(y, e.duration * 1e3, left=(e.start - t0) * 1e3, height=0.38, color=timeline.KIND_COLOURS[e.kind],
+                edgecolor="white", linewidth=0.3)
+    for c in comm or []:
+        y = c["rank"] + (0.2 if c["kind"].endswith("-grad") else -0.2)
+        ax.barh(y, (c["end"] - c["start"]) * 1e3, left=(c["start"] - t0) * 1e3, height=0.12, color="black")
+    ax.set_yticks(ranks, [f"rank {r}" for r in ranks])
+    ax.set_ylim(max(ranks) + 0.6, min(ranks) - 0.6)
+    ax.set_xlim(0, max(ax.get_xlim()[1], (max(e.end for e in events) - t0) * 1e3))
+    ax.set_xlabel("time (ms)")
+    if title:
+        ax.set_title(title, fontsize=10, loc="left")
+    return ax

@@ -1,0 +1,233 @@
+"""Chapter 13: the mixture-of-experts model, expert parallelism, the balancing loss through a
+pipeline, DualPipeV's overlapped pairs and the simulator taught them.
+
+The chapter itself launches expert parallelism at 2 processes and PP x EP (1F1B and DualPipeV,
+with and without the overlap, and the two balancing-loss pitfalls) at 4, and checks them against
+one process; these tests cover the pure functions, and launch what the chapter does not: the
+overlap without any all-to-all (PP = 2, EP = 1) and with the whole V on one rank (PP = 1, EP = 2),
+expert parallelism over 4 ranks, all in float64."""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ppbook import launch, moe, overlap, simulate, timeline
+from ppbook.planner.schedules import Action
+
+warnings.filterwarnings("ignore", message=".*torch.compile.*")
+CFG = moe.MoEConfig(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=16, n_experts=4, top_k=2,
+                    expert_hidden_dim=16, capacity_factor=1.0)
+
+
+def batch(n=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, CFG.vocab_size, (n, CFG.max_seq_len), generator=g)
+
+
+# --- the model ---------------------------------------------------------------------------------
+def test_capacity():
+    assert moe.capacity(32, 2, 4, 1.0) == 16 and moe.capacity(32, 2, 4, 1.25) == 20
+    assert moe.capacity(32, 2, 4, 0.0) == 32 and moe.capacity(32, 2, 4, 10.0) == 32  # at most T
+    assert moe.capacity(3, 1, 64, 0.5) == 1  # at least one slot
+
+
+def test_routing_fills_slots_in_choice_order_and_never_beyond_capacity():
+    logits = torch.randn(3, 16, 4, generator=torch.Generator().manual_seed(1))
+    r = moe.route(logits, top_k=2, cap=5)
+    assert torch.allclose(r.gate.view(3, 2, 16).sum(1), torch.ones(3, 16))  # each token's gates sum to 1
+    chosen = r.expert.view(3, 2, 16)
+    assert (chosen[:, 0] != chosen[:, 1]).all()  # two different experts per token
+    for b in range(3):
+        for e in range(4):
+            slots = r.slot[b][r.expert[b] == e]
+            assert slots.tolist() == list(range(len(slots)))  # queue places, in choice-major order
+            assert r.kept[b][r.expert[b] == e].sum() == min(5, len(slots))
+
+
+def test_balancing_loss_is_one_for_a_uniform_router_and_e_when_all_on_one():
+    uniform = moe.Routing(expert=torch.tensor([[0, 1, 2, 3]]), slot=torch.zeros(1, 4, dtype=torch.long),
+                          gate=torch.ones(1, 4), kept=torch.ones(1, 4, dtype=torch.bool),
+                          probs=torch.full((1, 4, 4), 0.25))
+    assert moe.balancing_loss(uniform, 4).item() == pytest.approx(1.0)
+    one = dataclasses.replace(uniform, expert=torch.zeros(1, 4, dtype=torch.long),
+                              probs=F.one_hot(torch.zeros(1, 4, dtype=torch.long), 4).float())
+    assert moe.balancing_loss(one, 4).item() == pytest.approx(4.0)
+
+
+def test_per_sequence_capacity_and_loss_do_not_depend_on_how_the_batch_is_cut():
+    """What makes microbatches and expert-parallel shards compute what one process computes."""
+    model, tokens = moe.build_moe_model(CFG, seed=0), batch()
+    whole = model(tokens)
+    counts, aux = moe.counts(model), moe.aux_loss(model).item()
+    moe.reset_counts(model)
+    parts = [model(t) for t in tokens.tensor_split(4)]
+    assert torch.equal(torch.cat(parts), whole)
+    assert moe.counts(model) == counts
+    assert sum(layer.aux_sum for layer in moe.moe_layers(model).values()) / 4 == pytest.approx(aux)
+    assert any(sum(c["routed"]) > sum(c["kept"]) for c in counts.values())  # capacity 1.0 drops some
+
+
+def test_the_block_is_the_book_llama_block_with_experts():
+    from ppbook.models import LlamaBlock, SwiGLU
+
+    model = moe.build_moe_model(CFG, seed=0)
+    block = model.layers["0"]
+    assert isinstance(block, LlamaBlock) and type(block).forward is LlamaBlock.forward
+    assert all(isinstance(e, SwiGLU) for e in block.feed_forward.experts.values())
+    again = moe.build_moe_model(CFG, seed=0)  # weights keyed by name: the same on every rank
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), again.parameters()))
+
+
+def test_attached_balancing_loss_gives_the_summed_losss_gradients():
+    tokens, targets = batch(4, 1), batch(4, 2)
+    summed, attached = moe.build_moe_model(CFG, seed=0), moe.build_moe_model(CFG, seed=0)
+    out = summed(tokens)
+    (F.cross_entropy(out.flatten(0, 1), targets.flatten()) + CFG.aux_loss_coef * moe.aux_loss(summed)).backward()
+    moe.set_aux_weight(attached, CFG.aux_loss_coef)
+    F.cross_entropy(attached(tokens).flatten(0, 1), targets.flatten()).backward()
+    for (name, a), b in zip(summed.named_parameters(), attached.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=1e-9, msg=name)
+
+
+def test_keep_experts_keeps_names_and_refuses_an_uneven_split():
+    model = moe.build_moe_model(CFG, seed=0)
+    moe.keep_experts(model, moe.ExpertParallel(rank=1, size=2))
+    assert sorted(model.layers["0"].feed_forward.experts) == ["2", "3"]
+    assert model.layers["0"].feed_forward.ep.rank == 1
+    with pytest.raises(ValueError, match="cannot be split evenly over 3"):
+        moe.keep_experts(moe.build_moe_model(CFG, seed=0), moe.ExpertParallel(rank=0, size=3))
+
+
+def test_all_to_all_bytes_is_the_buffer_the_layer_sends():
+    sent = []
+    layer = moe.build_moe_model(dataclasses.replace(CFG, capacity_factor=1.25), seed=0).layers["0"].feed_forward
+    layer.run_experts = lambda slots: sent.append(slots.numel() * slots.element_size()) or slots
+    layer(torch.randn(3, CFG.max_seq_len, CFG.dim))
+    assert sent == [moe.all_to_all_bytes(3 * CFG.max_seq_len, CFG.dim, 2, 1.25, 4, CFG.max_seq_len)]
+
+
+# --- the simulator taught pairs ----------------------------------------------------------------
+def test_pair_order_flattened_is_torch_order():
+    for p, m in ((1, 4), (2, 4), (2, 8), (4, 8)):
+        paired = overlap.pair_order("DualPipeV", p, m)
+        assert overlap.flatten(paired) == simulate.torch_order("DualPipeV", p, m)
+        assert overlap.pairs(paired) > 0
+    assert overlap.pairs(overlap.pair_order("1F1B", 2, 4)) == 0
+
+
+def test_pair_cost():
+    assert overlap.pair_cost((1, 2), (3, 4), overlap=False) == 10
+    assert overlap.pair_cost((1, 0.5), (1, 0.5), overlap=True) == 2  # the comm hides: computations add
+    assert overlap.pair_cost((1, 3), (1, 1), overlap=True) == 4  # the forward's own chain sets the pace
+
+
+def test_without_pairs_it_is_the_books_simulator():
+    order = simulate.torch_order("1F1B", 3, 6)
+    costs = {"F": 1.0, "B": 2.0}
+    ours = overlap.simulate_pairs({r: [(a,) for a in acts] for r, acts in order.items()},
+                                  lambda a: costs[a.kind], latency=lambda s, r: 0.25)
+    assert ours == simulate.simulate(order, costs, latency=0.25)
+
+
+def test_a_pair_is_one_block_whose_outputs_leave_at_its_end():
+    order = {0: [(Action(0, "F", 0),), (Action(1, "F", 0),), (Action(0, "F", 1), Action(1, "B", 0)),
+                 (Action(1, "F", 1),), (Action(1, "B", 1),), (Action(0, "B", 0),), (Action(0, "B", 1),)]}
+    cost = {"F": 1.0, "B": 2.0}
+    serial = overlap.simulate_pairs(order, lambda a: cost[a.kind])
+    block = overlap.simulate_pairs(order, lambda a: cost[a.kind], pair=lambda f, b: 2.5)
+    end = lambda events: timeline.span(events)[1]  # noqa: E731
+    assert end(serial) == 1 + 1 + (1 + 2) + 1 + 2 + 2 + 2
+    assert end(block) == end(serial) - 0.5
+    both = [e for e in block if (e.stage, e.kind, e.microbatch) in ((0, "F", 1), (1, "B", 0))]
+    assert {(e.start, e.end) for e in both} == {(2.0, 4.5)}
+    with pytest.raises(ValueError, match="deadlocks"):  # 0B0 waits on 1B0, which waits on 0F0
+        overlap.simulate_pairs({0: [(Action(0, "B", 0),), (Action(0, "F", 0),)],
+                                1: [(Action(1, "F", 0),), (Action(1, "B", 0),)]}, lambda a: 1.0)
+
+
+@pytest.mark.parametrize("name,p,overlapped", [("1F1B", 2, False), ("DualPipeV", 2, False),
+                                               ("DualPipeV", 2, True), ("DualPipeV", 1, True)])
+def test_a_replay_of_a_simulated_step_is_that_step(name, p, overlapped):
+    """Fed a timeline the simulator made (known costs, no gaps), the replay gives its step time back,
+    for one pipeline and for two side by side."""
+    order = overlap.pair_order(name, p, 4)
+    cost = {"F": 1.0, "B": 2.0, "I": 1.5, "W": 0.5}
+    events = overlap.simulate_pairs(order, lambda a: cost[a.kind], latency=lambda s, r: 0.1,
+                                    pair=(lambda f, b: 2.25) if overlapped else None)
+    two = events + [dataclasses.replace(e, rank=e.rank + p) for e in events]
+    for step in (events, two):
+        measured, predicted = overlap.predicted_step_time([step], order, overlapped, draws=3)
+        assert predicted == pytest.approx(measured)
+    replayed = {(e.rank, e.label): (e.start, e.end) for e in overlap.replay(two, order, overlapped)}
+    assert replayed == {(e.rank, e.label): pytest.approx((e.start, e.end)) for e in two}
+
+
+def test_split_costs_and_pair_stats_read_the_all_to_alls_of_each_half():
+    f, b = timeline.Event(0, 0, "F", 1, 0.0, 4.0), timeline.Event(0, 1, "B", 0, 0.0, 6.0)
+    comm = [{"rank": 0, "kind": "dispatch", "start": 1.0, "end": 2.0},
+            {"rank": 0, "kind": "dispatch-grad", "start": 1.5, "end": 4.5},
+            {"rank": 1, "kind": "dispatch", "start": 1.0, "end": 2.0}]  # another rank's
+    assert overlap.split_costs([f, b], comm) == {(0, "F"): (3.0, 1.0), (1, "B"): (3.0, 3.0)}
+    stats = overlap.pair_stats([([f, b], comm)], {0: [(Action(0, "F", 1), Action(1, "B", 0))]})
+    assert stats == {"block": 6.0, "compute": 3.0, "all_to_all": 2.0, "per_call": 3.0, "pairs": 1}
+
+
+# --- the companion script under torchrun -------------------------------------------------------
+SMALL = ["--dim", "32", "--expert-dim", "16", "--seq-len", "8", "--heads", "4", "--steps", "1", "--warmup", "0",
+         "--dtype", "float64", "--check"]
+
+
+def check_matches(data, runs):
+    assert data["ok"] and [r["run"] for r in data["runs"]] == runs
+    for r in data["runs"]:
+        assert r["match"] and max(r["max_diff"][k] for k in ("router", "other", "weight")) < 1e-12, r["run"]
+        assert abs(r["ce"] - data["reference"]["ce"]) < 1e-12, r["run"]
+
+
+@pytest.mark.torchrun
+def test_overlap_with_the_v_on_one_rank_and_experts_over_two():
+    r = launch.torchrun("13_moe.py", ["--pp", "1", "--ep", "2", "--runs", "DualPipeV-overlap", "aux-ignored",
+                                      "--microbatches", "4", "--batch-size", "8", *SMALL], nproc=2, timeout=300)
+    runs = {x["run"]: x for x in r.data["runs"]}
+    assert runs["DualPipeV-overlap"]["match"] and not runs["aux-ignored"]["match"] and r.data["ok"]
+    events = timeline.from_json(runs["DualPipeV-overlap"]["events"])
+    order = overlap.pair_order("DualPipeV", 1, 4)
+    pairs = [item for item in order[0] if len(item) == 2]
+    by_key = {(e.rank, e.stage, e.kind, e.microbatch): e for e in events}
+    for f, b in pairs:  # the halves of every pair ran at the same time, on both ranks
+        for rank in (0, 1):
+            ef, eb = by_key[(rank, f.stage, "F", f.microbatch)], by_key[(rank, b.stage, "B", b.microbatch)]
+            assert ef.start < eb.end and eb.start < ef.end
+
+
+@pytest.mark.torchrun
+def test_overlap_without_all_to_all_and_experts_over_four():
+    pp = launch.torchrun("13_moe.py", ["--pp", "2", "--ep", "1", "--runs", "1F1B", "DualPipeV-overlap",
+                                       "--microbatches", "4", "--batch-size", "8", *SMALL], nproc=2, timeout=300)
+    check_matches(pp.data, ["1F1B", "DualPipeV-overlap"])
+    assert all(not rec["comm"] for r in pp.data["runs"] for rec in r["records"])  # nothing to exchange
+    ep = launch.torchrun("13_moe.py", ["--pp", "1", "--ep", "4", "--runs", "1F1B", "--microbatches", "2",
+                                       "--batch-size", "8", *SMALL], nproc=4, timeout=300)
+    check_matches(ep.data, ["1F1B"])
+    # ranks x microbatches x layers x (dispatch, combine) x (forward, backward)
+    assert len(ep.data["runs"][0]["records"][0]["comm"]) == 4 * 2 * 4 * 2 * 2
+
+
+@pytest.mark.parametrize("args,message,nproc", [
+    (["--ep", "3"], "--ep 3 must divide the 2 processes", 2),
+    (["--pp", "2", "--ep", "1"], "--pp 2 x --ep 1 = 2 processes, but 4 were started", 4),
+    (["--ep", "2", "--experts", "3"], "--experts 3 cannot be split evenly over --ep 2", 2),
+    (["--ep", "2", "--batch-size", "24"], "must be divisible by --microbatches x --ep = 16", 2),
+    (["--ep", "1", "--runs", "DualPipeV", "--microbatches", "2", "--batch-size", "8"],
+     "ScheduleDualPipeV needs at least as many microbatches as stages (2 x 2 = 4)", 2),
+    (["--ep", "2", "--top-k", "5"], "--top-k 5 must be between 1 and --experts 4", 2),
+])
+def test_bad_flags_one_line(args, message, nproc):
+    from conftest import assert_one_line_error
+
+    assert_one_line_error("13_moe.py", args, message, nproc=nproc)
