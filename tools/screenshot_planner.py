@@ -37,13 +37,17 @@ def main() -> int:
 
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=exe, args=FLAGS)
-        page = browser.new_page(viewport={"width": 900, "height": 900}, device_scale_factor=1)
+        # tall enough that the planner needs no scrolling (the theme's sticky bars would cross it)
+        page = browser.new_page(viewport={"width": 900, "height": 1800}, device_scale_factor=1)
         page.goto(page_path.as_uri())
         planner_page.request(page, config=CONFIG.read_text(), gpu="h100-sxm", gpus=16, global_batch=64, seq_len=4096)
         rows = planner_page.table(page)
         pipelined = next(i for i, r in enumerate(rows) if " p=" in r["label"])
         page.click(f"#ppx-table tbody tr:nth-child({pipelined + 1})")
         planner_page.settled(page)
+        page.add_style_tag(content=".skip-link, .bd-header, .bd-header-article { display: none !important; }")
+        page.locator("#ppx").scroll_into_view_if_needed()
+        page.mouse.move(0, 0)  # no row highlighted by the pointer
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         page.locator("#ppx").screenshot(path=args.out)
         browser.close()
