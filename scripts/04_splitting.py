@@ -32,9 +32,11 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import shutil
 import sys
 import tempfile
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -98,10 +100,20 @@ def validate(args: argparse.Namespace, num_stages: int) -> None:
         raise ValueError(f"--hf-steps must be at least 1, got {args.hf_steps}")
     if args.hf_dir is not None:
         cfg, _ = hf.read_config(args.hf_dir)  # a folder the book's Llama cannot load is refused here
-        if args.vocab > cfg.vocab_size or args.seq_len > cfg.max_seq_len or cfg.n_layers < num_stages:
-            raise ValueError(f"--hf-dir {args.hf_dir}: its model has a vocabulary of {cfg.vocab_size}, "
-                             f"{cfg.max_seq_len} positions and {cfg.n_layers} layers; keep --vocab and --seq-len "
-                             f"within them and launch at most {cfg.n_layers} processes")
+        fits_batch("--hf-dir", args.hf_dir, cfg.vocab_size, cfg.max_seq_len, cfg.n_layers, args, num_stages)
+    if args.hf_model is not None and Path(args.hf_model, hf.CONFIG).is_file():  # a local folder (not a Hub name)
+        d = json.loads(Path(args.hf_model, hf.CONFIG).read_text())  # transformers' model: any Llama config
+        fits_batch("--hf-model", args.hf_model, d["vocab_size"], d["max_position_embeddings"],
+                   d["num_hidden_layers"], args, num_stages)
+
+
+def fits_batch(flag: str, folder, vocab: int, positions: int, layers: int, args, num_stages: int) -> None:
+    """A ValueError unless the random batches (--vocab, --seq-len) fit the folder's model and
+    every stage gets a layer."""
+    if args.vocab > vocab or args.seq_len > positions or layers < num_stages:
+        raise ValueError(f"{flag} {folder}: its model has a vocabulary of {vocab}, {positions} positions and "
+                         f"{layers} layers; keep --vocab and --seq-len within them and launch at most "
+                         f"{layers} processes")
 
 
 def config(kind: str, args, vocab=None, dim=None, layers=None) -> GPTConfig | LlamaConfig:
@@ -417,9 +429,9 @@ def hf_weights(args, info, tokens) -> dict | None:
         hf_model(args, info).save_pretrained(folder[0])
     dist.broadcast_object_list(folder, src=0)
     dtype = precision.param_dtype(args.dtype)
-    stage_mod = hf.load_stage(folder[0], info.rank, info.world_size, dtype=dtype, device=info.device)
+    with hf.record_reads() as reads:  # what safetensors actually hands this rank
+        stage_mod = hf.load_stage(folder[0], info.rank, info.world_size, dtype=dtype, device=info.device)
     cfg, tied = hf.read_config(folder[0])
-    read = hf.sources(stage_mod.state_dict(), tied)
     schedule = ScheduleGPipe(PipelineStage(stage_mod, info.rank, info.world_size, info.device), args.microbatches)
     logits = schedule.eval(tokens) if info.is_first else schedule.eval()  # forward only; the last stage returns
     diff = None
@@ -428,8 +440,9 @@ def hf_weights(args, info, tokens) -> dict | None:
         ref = ref.to(info.device)
         with torch.no_grad():
             diff = (ref(tokens).logits - logits).abs().max().item()
-    stages = gather_to_rank0({"rank": info.rank, "read": sorted(set(read.values())),
-                              "bytes": sum(t.numel() * t.element_size() for t in stage_mod.state_dict().values()),
+    stages = gather_to_rank0({"rank": info.rank, "read": [r.tensor for r in reads],  # in the order read
+                              "bytes_read": sum(r.bytes for r in reads),
+                              "wanted": sorted(set(hf.sources(stage_mod.state_dict(), tied).values())),
                               "max_logit_diff": diff})
     if stages is None:
         return None

@@ -19,7 +19,7 @@ import torch
 
 from conftest import assert_one_line_error
 from ppbook import checkpoint as ckpt
-from ppbook import hf, launch
+from ppbook import hf, launch, workload
 from ppbook.models import Llama, LlamaConfig, apply_rope, build_model
 from ppbook.stages import assign_layers, stage_module
 
@@ -111,13 +111,72 @@ def test_transformers_files_into_stages_at_any_size_give_transformers_logits(fol
     with torch.no_grad():
         expected = model(x).logits
         for p in (1, 5):  # one process is p = 1; 2 and 3 under torchrun below, and in chapter 4
-            h, read = x, []
+            h = x
             for s in range(p):
-                stage = hf.load_stage(folder, s, p)
-                read += list(hf.sources(stage.state_dict(), tied=False).values())
-                h = stage(h)
-            assert sorted(read) == sorted(hf.weight_files(folder))  # every tensor read once, by one stage
+                h = hf.load_stage(folder, s, p)(h)
             torch.testing.assert_close(h, expected, rtol=0, atol=hf.TOLERANCE)
+
+
+def own_tensors(names, stage_index: int, num_stages: int) -> set[str]:
+    """The Hugging Face tensors a stage holds, from the names alone: its layers' (the book's
+    split), the embedding on the first stage, the final norm and the head on the last."""
+    layers = assign_layers(CFG.n_layers, num_stages)[stage_index]
+
+    def owner_is_me(name: str) -> bool:
+        if name.startswith("model.layers."):
+            return int(name.split(".")[2]) in layers
+        return stage_index == 0 if name == "model.embed_tokens.weight" else stage_index == num_stages - 1
+
+    return {n for n in names if owner_is_me(n)}
+
+
+def test_each_stage_reads_only_its_own_tensors_measured_at_safetensors(folder, tmp_path, monkeypatch):
+    """Lazy loading measured, not inferred from the names a stage wants: safetensors' safe_open
+    is wrapped here (independently of hf.record_reads), and every tensor it serves is noted."""
+    import safetensors
+
+    real, opened, served = safetensors.safe_open, [], []
+
+    class Spy:
+        def __init__(self, filename, *args, **kwargs):
+            self.f, self.file = real(filename, *args, **kwargs), os.path.basename(filename)
+            opened.append(self.file)
+
+        def __enter__(self):
+            self.f.__enter__()
+            return self
+
+        def __exit__(self, *exc):
+            return self.f.__exit__(*exc)
+
+        def keys(self):  # the header only
+            return self.f.keys()
+
+        def get_tensor(self, name):
+            served.append((self.file, name))
+            return self.f.get_tensor(name)
+
+    monkeypatch.setattr(safetensors, "safe_open", Spy)  # no other method: another way to read would fail
+    sharded = tmp_path / "sharded"
+    hf_llama().save_pretrained(sharded, max_shard_size="20KB")
+    for path in (folder, sharded):
+        files = {n: f.name for n, f in hf.weight_files(path).items()}  # the index, or one file's header
+        for p in (1, 2, 3, 5):
+            everything = []
+            for s in range(p):
+                opened.clear(), served.clear()
+                with hf.record_reads() as reported:
+                    hf.load_stage(path, s, p)
+                mine = own_tensors(files, s, p)
+                names = [name for _, name in served]
+                assert sorted(names) == sorted(mine), (path.name, p, s)  # its own tensors, each once
+                assert served == [(files[n], n) for _, n in served]  # each from the file that holds it
+                if len(set(files.values())) > 1:  # shards: a stage opens only those holding its tensors
+                    assert set(opened) == {files[n] for n in mine}, (p, s)
+                assert [(r.file, r.tensor) for r in reported] == served  # record_reads reports the same
+                assert all(r.bytes > 0 for r in reported)
+                everything += names
+            assert sorted(everything) == sorted(files)  # together, the stages read the whole folder once
 
 
 def test_books_weights_out_and_back_in_bitwise_and_transformers_agrees(tmp_path):
@@ -186,17 +245,45 @@ def test_transformers_llama_through_three_stages_and_book_stages_from_its_files(
         assert max(s["max_weight_diff"] for s in run["stages"]) <= 1e-6
     w = r.data["hf_weights"]
     assert w["match"] and w["max_logit_diff"] <= hf.TOLERANCE
-    everything = sorted(hf.to_hf_name(n) for n in hf.full_names(LlamaConfig(n_layers=5)))
-    assert sorted(sum((s["read"] for s in w["stages"]), [])) == everything  # each tensor read by one rank
+    assert_each_rank_read_its_own(w, 3)
+
+
+def assert_each_rank_read_its_own(w: dict, nproc: int) -> None:
+    """The script's hf-weights result: what safetensors served each rank (hf.record_reads in the
+    script) is that rank's own tensors, once, and the ranks together read the whole folder."""
+    everything = sorted(hf.to_hf_name(n) for n in hf.full_names(LlamaConfig(n_layers=w["n_layers"])))
+    assert len(w["stages"]) == nproc and w["tensors_in_folder"] == len(everything)
+    for s, stage in enumerate(w["stages"]):
+        assert sorted(stage["read"]) == sorted(own_tensors(everything, s, nproc)) == stage["wanted"], s
+    assert sorted(sum((s["read"] for s in w["stages"]), [])) == everything
 
 
 @pytest.mark.torchrun
-def test_book_stages_from_transformers_files_on_two_ranks(folder):  # 3: the test above
-    args = ["--experiments", "hf-weights", "--hf-dir", folder, "--vocab", CFG.vocab_size, "--seq-len",
-            CFG.max_seq_len, "--layers", CFG.n_layers, "--check"]
-    w = launch.torchrun("04_splitting.py", args, nproc=2, timeout=240).data["hf_weights"]
-    assert w["match"] and len(w["stages"]) == 2 and w["tensors_in_folder"] == len(hf.full_names(CFG))
-    assert len(set(sum((s["read"] for s in w["stages"]), []))) == w["tensors_in_folder"]
+@pytest.mark.parametrize("nproc", [1, 2])  # 3: the test above
+def test_from_pretrained_and_book_stages_from_a_local_folder_offline(folder, nproc):
+    """--hf-model: transformers' from_pretrained on a local folder, with the Hub off (HF_HUB_OFFLINE=1,
+    set above and by the launcher), trained through the pipeline against one process; and the
+    book's stages from the same folder (--hf-dir)."""
+    assert os.environ["HF_HUB_OFFLINE"] == "1"
+    args = ["--experiments", "hf", "hf-weights", "--hf-model", folder, "--hf-dir", folder, "--hf-steps", 2,
+            "--vocab", CFG.vocab_size, "--seq-len", CFG.max_seq_len, "--layers", CFG.n_layers, "--check"]
+    r = launch.torchrun("04_splitting.py", args, nproc=nproc, timeout=300).data
+    assert r["match"]
+    assert_each_rank_read_its_own(r["hf_weights"], nproc)
+    # the run started from the folder's weights, not from a random model: its first loss, in one
+    # process and through the pipeline, is the loss of the model transformers loads from the folder
+    script = launch.load_script("04_splitting.py")
+    cli_args = script.parse_args([str(a) for a in args])
+    x, y = workload.make_batch(cli_args, 0)
+    model = transformers.LlamaForCausalLM.from_pretrained(folder)
+    with torch.no_grad():
+        first = [workload.loss_fn(model(a).logits, b).item() for a, b in
+                 zip(x.tensor_split(cli_args.microbatches), y.tensor_split(cli_args.microbatches))]
+    for method, run in r["hf"].items():
+        assert run["match"] and run["layers_per_stage"] == assign_layers(CFG.n_layers, nproc), method
+        assert run["reference_losses"][0] == pytest.approx(sum(first) / len(first), abs=1e-6), method
+        assert run["losses"][0] == pytest.approx(run["reference_losses"][0], abs=1e-6), method
+        assert len(run["losses"]) == cli_args.hf_steps
 
 
 @pytest.mark.torchrun
@@ -238,3 +325,8 @@ def test_a_folder_the_books_llama_cannot_load_is_refused_in_one_line(tmp_path):
     scaled = {**hf.config_to_hf(CFG), "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}  # Llama 3.1's
     (tmp_path / "config.json").write_text(json.dumps(scaled))
     assert_one_line_error("07_checkpointing.py", ["--from-hf", tmp_path], "rope_type 'llama3'")
+
+
+def test_a_local_model_too_small_for_the_batch_is_refused_in_one_line(folder):
+    assert_one_line_error("04_splitting.py", ["--experiments", "hf", "--hf-model", folder, "--vocab", 1000],
+                          f"--hf-model {folder}: its model has a vocabulary of {CFG.vocab_size}")

@@ -16,7 +16,8 @@ same function. Their tensors differ in two ways only:
   (:func:`rope_to_hf`, :func:`rope_from_hf`); the attention scores, and so the model, are unchanged.
 
 Nothing here imports ``transformers``: reading and writing Hugging Face folders needs only
-``safetensors`` (imported when used) and JSON. :class:`Chain` wraps a ``transformers`` model a
+``safetensors`` (imported when used) and JSON. :func:`record_reads` notes every tensor safetensors
+hands out, so that "each stage reads only its own tensors" is measured, not inferred. :class:`Chain` wraps a ``transformers`` model a
 reader already has.
 """
 
@@ -25,6 +26,8 @@ from __future__ import annotations
 import json
 import re
 import tempfile
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -184,6 +187,68 @@ def weight_files(folder: str | Path) -> dict[str, Path]:
         raise ValueError(f"{folder} has neither {WEIGHTS} nor {INDEX}")
     with safe_open(folder / WEIGHTS, framework="pt") as f:
         return {n: folder / WEIGHTS for n in f.keys()}
+
+
+@dataclass(frozen=True)
+class Read:
+    """One tensor that safetensors handed out: the file it came from, its name, its bytes."""
+    file: str
+    tensor: str
+    bytes: int
+
+
+@contextmanager
+def record_reads():
+    """Record every tensor that safetensors reads while the block runs: a list of :class:`Read`.
+
+    It measures what :func:`load_stage` claims, that a stage reads only its own tensors: it
+    replaces ``safetensors.safe_open`` (which ``load_stage`` and :func:`weight_files` look up
+    when called) by a wrapper that notes each ``get_tensor`` and each indexing of a
+    ``get_slice``, the calls that copy a tensor's bytes out of the file. ``keys()`` reads only
+    the header and is not counted. One process at a time: the replacement is process-wide."""
+    import safetensors
+
+    real, reads = safetensors.safe_open, []
+
+    class _Sliced:
+        def __init__(self, part, file, name):
+            self._part, self._file, self._name = part, file, name
+
+        def __getitem__(self, index):
+            t = self._part[index]
+            reads.append(Read(self._file, self._name, t.numel() * t.element_size()))
+            return t
+
+        def __getattr__(self, attr):  # get_shape, get_dtype: the header's
+            return getattr(self._part, attr)
+
+    class _Spy:
+        def __init__(self, filename, *args, **kwargs):
+            self._f, self._file = real(filename, *args, **kwargs), Path(filename).name
+
+        def __enter__(self):
+            self._f.__enter__()
+            return self
+
+        def __exit__(self, *exc):
+            return self._f.__exit__(*exc)
+
+        def get_tensor(self, name):
+            t = self._f.get_tensor(name)
+            reads.append(Read(self._file, name, t.numel() * t.element_size()))
+            return t
+
+        def get_slice(self, name):
+            return _Sliced(self._f.get_slice(name), self._file, name)
+
+        def __getattr__(self, attr):  # keys, metadata: the header's
+            return getattr(self._f, attr)
+
+    safetensors.safe_open = _Spy
+    try:
+        yield reads
+    finally:
+        safetensors.safe_open = real
 
 
 def sources(names, tied: bool) -> dict[str, str]:
