@@ -5,8 +5,8 @@
 data the page embeds, and must give the Python's answers on a grid: every schedule's order and
 refusal (1,053 combinations), the teaching view's simulations (453), Hugging Face configs read
 (and refused) the same way, 40 whole plans (ranking, memory, time, every dropped layout's
-reason) and 320 single layouts (memory per rank, step time and its parts, the timeline of one
-step). Floats agree to a relative 1e-9 (the two languages add in the same order; what is left is
+reason), 160 small plans (their ranking and first five layouts) and 320 single layouts (memory
+per rank, step time and its parts, the timeline of one step). Floats agree to a relative 1e-9 (the two languages add in the same order; what is left is
 the last bits of ``Math.pow`` and friends).
 """
 
@@ -162,7 +162,8 @@ def plan_requests() -> list[search.Request]:
                                   recipe=("bf16", "bf16-grads", "fp32")[k % 3],
                                   kernels=("fused", "unfused", "book")[k // 3 % 3],
                                   sequence_parallel=k % 6 != 1, headroom=(0.1, 0.05)[k % 2],
-                                  max_microbatch_size=(2, 4)[k % 2]))
+                                  max_microbatch_size=(2, 4)[k % 2], fsdp_reshard=("default", "always", "never")[k % 3],
+                                  stage_io=("torch", "freed")[k % 4 == 2]))
     return out
 
 
@@ -176,7 +177,7 @@ def compare_prediction(answer: dict, pred: search.Prediction, what) -> None:
     assert len(answer["memory"]) == len(pred.memory), what
     for a, r in zip(answer["memory"], pred.memory):
         assert a["stages"] == r.stages, what
-        for key in ("parameters", "gradients", "optimizer", "activations", "logits", "total"):
+        for key in (*search.MEMORY_KINDS, "total"):
             assert close(a[key], getattr(r, key) if key != "total" else r.total), (what, r.rank, key)
 
 
@@ -184,7 +185,7 @@ PREDICTION_FIELDS = """o => ({label: o.label, why_not: o.why_not, step_s: o.step
     dp_exposed_s: o.dp_exposed_s, optimizer_s: o.optimizer_s, bubble: o.bubble,
     tokens_per_s_per_gpu: o.tokens_per_s_per_gpu, mfu: o.mfu, peak_bytes: o.peak_bytes, estimated: o.estimated,
     memory: o.memory.map(r => ({stages: r.stages, parameters: r.parameters, gradients: r.gradients,
-        optimizer: r.optimizer, activations: r.activations, logits: r.logits, total: r.total}))})"""
+        optimizer: r.optimizer, activations: r.activations, logits: r.logits, buffers: r.buffers, total: r.total}))})"""
 
 
 def test_forty_plans_are_the_pythons(js):
@@ -213,6 +214,43 @@ def test_forty_plans_are_the_pythons(js):
     assert refused >= 2 and ranked >= 30  # both branches are exercised
     expert_parallel = [a["label"] for answer in got for a in answer.get("ranked", []) if " ep=" in a["label"]]
     assert any(" ep=16 " in x or " ep=32 " in x for x in expert_parallel)  # across nodes too
+
+
+def small_requests(count: int = 160) -> list[search.Request]:
+    """``count`` small requests (two to eight GPUs of every kind, small models, short searches):
+    many whole plans cheaply, every FSDP policy, both pipeline runtimes, every precision."""
+    L = H.LINKS
+    models = [shapes.PRESETS[n] for n in ("llama3-8b", "qwen2.5-7b", "mistral-7b", "llama2-7b", "mixtral-8x7b",
+                                          "llama2-13b", "qwen2.5-14b")]
+    gpus = list(H.GPUS.values())
+    out = []
+    for k in range(count):
+        gpu, n = gpus[k // len(models) % len(gpus)], (2, 4, 8)[k % 3]
+        out.append(search.Request(models[k % len(models)], gpu, n, 4 if k % 5 == 0 else 8, n * (2, 4, 8)[k // 3 % 3],
+                                  (1024, 2048, 4096)[k // 2 % 3], L[gpu.nvlink], L["ib-hdr200"], max_p=4, max_v=3,
+                                  max_microbatch_size=2, fsdp_reshard=("default", "always", "never")[k % 3],
+                                  stage_io=("torch", "freed")[k % 4 == 1], recipe=("bf16", "bf16-grads", "fp32")[k // 7 % 3],
+                                  kernels=("fused", "unfused")[k % 2]))
+    return out
+
+
+def test_a_hundred_and_sixty_small_plans_are_the_pythons(js):
+    """With the forty above, two hundred whole plans: the same ranking, and the first five layouts'
+    numbers (memory per rank by kind, time and its parts)."""
+    requests = small_requests()
+    got = js(f"""reqs => reqs.map(req => {{
+        const res = new PPPlanner.Planner(req).plan(), fields = {PREDICTION_FIELDS};
+        return {{labels: res.ranked.map(o => o.label), top: res.ranked.slice(0, 5).map(fields),
+                 dropped: res.dropped.length}}; }})""", [request_json(r) for r in requests])
+    ranked = 0
+    for k, (req, answer) in enumerate(zip(requests, got)):
+        expected, dropped = search.plan(req)
+        assert answer["labels"] == [o.layout.label() for o in expected], k
+        assert answer["dropped"] == len(dropped), k
+        for a, o in zip(answer["top"], expected):
+            compare_prediction(a, o, (k, o.layout.label()))
+        ranked += bool(expected)
+    assert ranked >= 100
 
 
 def sample_layouts(count: int = 320) -> list[tuple[int, search.Layout]]:

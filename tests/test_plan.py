@@ -376,3 +376,126 @@ def test_every_schedule_fills_the_pipeline_before_rank_0_runs_a_backward(p):
     for layout in [search.Layout(8, 8, 1, "1F1B", 1, 1, 1024, "none", "none"),
                    search.Layout(8, 2, 4, "ZBVZeroBubble", 2, 1, 256, "fsdp", "full")]:
         assert search.memory_floor(layout, req) <= max(r.total for r in search.rank_memory(layout, req))
+
+
+# --- FSDP as torch runs it inside a pipeline, and torch's stage buffers ----------------------------------
+
+def test_torchs_unshard_window_frees_stages_beyond_three_and_gathers_them_again():
+    """With four stages per rank torch's runtime keeps at most three gathered (ppbook.fsdp_window):
+    the planner holds the three largest, gathers more per step than once, and keeps every stage's
+    gradients unsharded; with two or three stages per rank nothing changes."""
+    req = request("llama3-8b", 16, 64, 4096)
+    t = search._tables(req, 2 * 4, "even", 1, "full", 1)
+    for v, window in ((2, False), (3, False), (4, True)):
+        layout = search.Layout(1, 2, 8, "Interleaved1F1B", v, 1, 8, "fsdp", "full")
+        t = search._tables(req, layout.num_stages, "even", 1, "full", 1)
+        stages = search._owned(layout, 0)
+        shares = sorted((search._fsdp_share(t, s, 1) for s in stages), reverse=True)
+        state = search._rank_state(layout, req, t, stages)[2]
+        r = memory.RECIPES[req.recipe]
+        gathered = (state.parameters - sum(shares) * r.master_bytes / 8) / r.weight_bytes
+        assert gathered == pytest.approx(sum(shares[:3] if window else shares))
+        assert state.gradients == pytest.approx(sum(shares) * r.grad_bytes * (1 + 1 / 8))
+        factor = search.fsdp_gathers_factor(layout, req, t, 0)
+        assert factor > 1 if window else factor == pytest.approx(1.0)
+
+
+def test_resharding_after_forward_costs_gathers_not_memory_inside_a_pipeline():
+    """torchtitan's policy: inside a pipeline blocks stay gathered by default; 'always' gathers again
+    after every forward that follows a backward (more traffic), while the stage is still whole by
+    its last backward (the same peak). Without a pipeline, 'never' keeps every block gathered from
+    its forward to its backward (more memory, one gather fewer per microbatch)."""
+    req = request("llama3-8b", 16, 64, 4096)
+    piped = search.Layout(1, 2, 8, "1F1B", 1, 1, 8, "fsdp", "full")
+    always = replace(req, fsdp_reshard="always")
+    assert search.rank_memory(piped, always) == search.rank_memory(piped, req)
+    t = search._tables(req, 2, "even", 1, "full", 1)
+    assert search.fsdp_gathers_factor(piped, req, t, 0) == 1.0 < search.fsdp_gathers_factor(piped, always, t, 0)
+    alone = search.Layout(1, 1, 16, search.NO_PIPELINE, 1, 1, 4, "fsdp", "full")
+    never = replace(req, fsdp_reshard="never")
+    assert search.rank_memory(alone, never)[0].parameters > search.rank_memory(alone, req)[0].parameters
+    slow, fast = search.predict(alone, req, check_memory=False), search.predict(alone, never, check_memory=False)
+    assert fast.detail["dp_traffic_s"] < slow.detail["dp_traffic_s"]
+    with pytest.raises(ValueError, match="use one of default, always, never"):
+        memory.reshards_after_forward("sometimes", True)
+
+
+def test_only_torchs_stages_keep_receive_buffers():
+    req = request("llama3-8b", 16, 64, 4096)
+    layout = search.Layout(1, 4, 4, "1F1B", 1, 1, 16, "zero1", "full")
+    torch_runtime, freed = search.rank_memory(layout, req), search.rank_memory(layout, replace(req, stage_io="freed"))
+    boundary = search.stage_boundary_bytes(req, 1, 1)
+    assert [r.buffers for r in torch_runtime] == [16 * boundary, 32 * boundary, 32 * boundary, 16 * boundary]
+    assert all(r.buffers == 0 for r in freed)
+    assert torch_runtime[0].activations - freed[0].activations == 4 * boundary  # its output, per microbatch held
+
+
+# --- exports a practitioner pastes -------------------------------------------------------------------------------
+
+def shell_words(text: str) -> list[str]:
+    """The arguments of an exported Megatron-LM command line as bash reads them, pasted after the
+    notes (the ``#`` lines printed above it)."""
+    block = "\n".join(line for line in text.splitlines() if not line.startswith("#"))
+    r = subprocess.run(["bash", "-c", 'eval "set -- $1"; printf "%s\\n" "$@"', "_", block], capture_output=True,
+                       text=True, timeout=30, check=True)
+    return r.stdout.splitlines()
+
+
+@pytest.mark.parametrize("layout", [
+    search.Layout(4, 4, 4, "Interleaved1F1B", 2, 1, 32, "zero1", "selective", "ends"),
+    search.Layout(8, 2, 4, "1F1B", 1, 2, 16, "fsdp", "full"),
+    search.Layout(2, 1, 32, search.NO_PIPELINE, 1, 2, 2, "none", "none"),
+])
+def test_megatron_export_reads_back_as_the_layout(layout):
+    req = request("llama3-70b", 64, 128)
+    text = plan.export(search.predict(layout, req, check_memory=False), req, "megatron")
+    words = shell_words(text)
+    flags = {w: words[i + 1] if i + 1 < len(words) and not words[i + 1].startswith("--") else True
+             for i, w in enumerate(words) if w.startswith("--")}
+    assert flags["--tensor-model-parallel-size"] == str(layout.tp)
+    assert flags["--pipeline-model-parallel-size"] == str(layout.p)
+    assert flags["--micro-batch-size"] == str(layout.b) and flags["--global-batch-size"] == "128"
+    assert flags.get("--num-virtual-stages-per-pipeline-rank", "1") == str(layout.num_stages // layout.p)
+    assert ("--use-distributed-optimizer" in flags) == (layout.sharding != "none")
+    assert flags.get("--data-parallel-sharding-strategy") == {"fsdp": "optim_grads_params"}.get(layout.sharding)
+    assert ("--sequence-parallel" in flags) == (layout.tp > 1)
+    assert flags.get("--recompute-granularity") == {"none": None}.get(layout.recompute, layout.recompute)
+    if layout.balance == "ends":
+        layers = [len(x) for x in search.layers_of(layout, req)]
+        assert (flags["--decoder-first-pipeline-num-layers"], flags["--decoder-last-pipeline-num-layers"]) == \
+            (str(layers[0]), str(layers[-1]))
+
+
+@pytest.mark.parametrize("layout", [
+    search.Layout(4, 4, 4, "Interleaved1F1B", 2, 1, 32, "fsdp", "selective", "ends"),
+    search.Layout(2, 1, 32, search.NO_PIPELINE, 1, 2, 2, "fsdp", "full"),
+])
+def test_torchtitan_export_reads_back_as_the_layout(layout):
+    import tomllib
+
+    req = request("llama3-70b", 64, 128)
+    conf = tomllib.loads(plan.export(search.predict(layout, req, check_memory=False), req, "torchtitan"))
+    par = conf["parallelism"]
+    assert (par["tensor_parallel_degree"], par["pipeline_parallel_degree"], par["data_parallel_shard_degree"]) == \
+        (layout.tp, layout.p, layout.dp)
+    assert conf["activation_checkpoint"]["mode"] == layout.recompute
+    # the batch torchtitan takes per replica: the pipeline's microbatches, or one accumulation step
+    local = conf["training"]["local_batch_size"]
+    assert local == (layout.b * layout.m if layout.p > 1 else layout.b)
+    assert conf["training"]["global_batch_size"] // (local * layout.dp) == (1 if layout.p > 1 else layout.m)
+    if layout.p > 1:
+        assert par["pipeline_parallel_schedule"] == layout.schedule
+        assert par["pipeline_parallel_microbatch_size"] == layout.b
+        first, last = search.end_weights(req)
+        units = req.model.layers + first + last
+        assert -(-units // par["pipeline_parallel_layers_per_stage"]) == layout.num_stages
+        assert (par["pipeline_parallel_first_stage_less_layers"], par["pipeline_parallel_last_stage_less_layers"]) == \
+            (first, last)
+
+
+def test_a_winner_the_framework_cannot_run_is_named_and_its_best_runnable_layout_exported(capsys):
+    status, out = in_process(with_change(["--sharding", "zero1", "--export", "torchtitan"]), capsys)
+    assert status == 0 and "the winner cannot be exported: torchtitan has no zero1 sharding" in out, out
+    assert "that layout as torchtitan configuration" in out
+    with pytest.raises(ValueError, match="megatron runs no GPipe schedule"):
+        plan.export(search.Prediction(search.Layout(1, 2, 4, "GPipe", 1, 1, 8, "none", "none")), request(), "megatron")

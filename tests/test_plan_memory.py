@@ -139,15 +139,27 @@ def test_peak_microbatches_from_torch_orders():
 
 def test_the_planners_rank_memory_is_the_books_per_stage_arithmetic():
     """The planner's activations on rank 0 of 1F1B (p = 4, m = 8) are its 4 microbatches of the
-    book's stage bytes (the planner with the book's own block accounting)."""
+    book's stage bytes (the planner with the book's own block accounting), each with the stage's
+    output that torch's schedule keeps until the backward; its buffers are torch's 8 receive
+    buffers of output gradients. A runtime that frees a stage's inputs and outputs holds neither."""
+    from dataclasses import replace
+
     from ppbook.planner import hardware, search
 
     cfg = memory.LLAMA_SIZES["Llama-3.1-8B"]
     req = search.Request(memory.shape_of(cfg), hardware.GPUS["h100-sxm"], 4, 8, 8, 4096, hardware.LINKS["nvlink-h100"],
                          hardware.LINKS["ib-ndr400"], kernels="book", recipe="bf16-grads")
-    mem = search.rank_memory(search.Layout(1, 4, 1, "1F1B", 1, 1, 8, "none", "none"), req)
-    assert mem[0].activations == 4 * memory.stage_activation_bytes(cfg, 1, 4096, 8, True, False, 2)
+    layout = search.Layout(1, 4, 1, "1F1B", 1, 1, 8, "none", "none")
+    mem = search.rank_memory(layout, req)
+    boundary = 1 * 4096 * cfg.dim * 2  # one microbatch's activation, bf16
+    assert mem[0].activations == 4 * (memory.stage_activation_bytes(cfg, 1, 4096, 8, True, False, 2) + boundary)
+    assert mem[0].buffers == 8 * boundary and mem[1].buffers == 2 * 8 * boundary and mem[-1].buffers == 8 * boundary
     assert mem[0].logits == 0 < mem[-1].logits
+    freed = search.rank_memory(layout, replace(req, stage_io="freed"))
+    assert freed[0].activations == 4 * memory.stage_activation_bytes(cfg, 1, 4096, 8, True, False, 2)
+    assert all(r.buffers == 0 for r in freed)
+    # a middle stage: its held output and its input (the receive buffer) cancel
+    assert freed[1].activations == mem[1].activations
     assert mem[0].parameters + mem[0].gradients + mem[0].optimizer == memory.stage_state(cfg, 8, True, False).total
     full = search.rank_memory(search.Layout(1, 4, 1, "1F1B", 1, 1, 8, "none", "full"), req)
     assert full[0].activations < mem[0].activations / 5
@@ -172,6 +184,7 @@ def check_schedules(data: dict) -> None:
     for name, run in data["runs"].items():
         n = run["num_stages"]
         layers = cfg.n_layers // n
+        check_stage_io(run["stage_io"], n, m, boundary=b * s * cfg.dim * 4, logits=b * s * cfg.vocab_size * 4)
         per_mb = {st: memory.stage_activation_bytes(cfg, b, s, layers, st == 0, st == n - 1, 4) + rope
                   + (m * b * s * 8 - b * s * 8 if st == 0 else 0) for st in range(n)}
         assert {int(k): v for k, v in run["bytes_per_microbatch"].items()} == per_mb, name
@@ -185,6 +198,25 @@ def check_schedules(data: dict) -> None:
                 assert predicted[st] <= measured[st] <= bound, (name, st)
             else:
                 assert measured[st] == predicted[st], (name, st)
+
+
+def check_stage_io(stage_io: dict, n: int, m: int, boundary: int, logits: int) -> None:
+    """What torch's ``PipelineStage`` keeps beyond autograd's saved tensors is what the planner
+    counts: receive buffers for every microbatch (inputs on every stage but the first, output
+    gradients on every stage but the last), one output per microbatch held until its backward
+    (the logits on the last stage), and no separate copy of a received input: the saved input is
+    the receive buffer."""
+    from ppbook.planner import memory as pm
+
+    assert sorted(map(int, stage_io)) == list(range(n))
+    for key, io in stage_io.items():
+        st = int(key)
+        first, last = st == 0, st == n - 1
+        assert io["buffer_bytes"] == pm.stage_buffer_bytes(boundary, m, first, last), (st, io)
+        assert io["output_bytes"] == (logits if last else boundary), (st, io)
+        assert io["inputs_are_buffers"], st
+        # what the planner adds to a microbatch's saved activations for it
+        assert pm.held_io_bytes(boundary, first, last) == (0 if last else io["output_bytes"]) - (0 if first else boundary)
 
 
 @pytest.mark.torchrun

@@ -11,9 +11,9 @@
   const SVG = "http://www.w3.org/2000/svg";
   const GB = P.GB;
   const CONFIG = "config.json";  // the model select's entry for a pasted Hugging Face config
-  const PARTS = ["parameters", "gradients", "optimizer", "activations", "logits"];
+  const PARTS = P.MEMORY_KINDS;
   const PART_COLOURS = {parameters: "#4C72B0", gradients: "#DD8452", optimizer: "#55A868",
-                        activations: "#C44E52", logits: "#8172B3"};
+                        activations: "#C44E52", logits: "#8172B3", buffers: "#937860"};
   const KIND_NAMES = {F: "forward", B: "full backward", I: "input-gradient backward", W: "weight-gradient backward"};
   const TOP = 10;  // rows of the ranked table, as python -m ppbook.plan prints by default
 
@@ -66,8 +66,8 @@
   const linkNames = Object.keys(data.links);
   const intraSelect = options(dropdown("ppx-intra"), linkNames, null, data.gpus[data.request.gpu].nvlink);
   const interSelect = options(dropdown("ppx-inter"), linkNames, null, data.inter_default);
-  const recipeSelect = options(dropdown("ppx-recipe"), data.choices.recipe, null, "bf16");
-  const kernelsSelect = options(dropdown("ppx-kernels"), data.choices.kernels, null, "fused");
+  const recipeSelect = options(dropdown("ppx-recipe"), data.choices.recipe, null, data.request_defaults.recipe);
+  const kernelsSelect = options(dropdown("ppx-kernels"), data.choices.kernels, null, data.request_defaults.kernels);
 
   const planSection = h("section", {id: "ppx-plan"}, [
     h("fieldset", {}, [h("legend", {text: "Model"}), field("model", modelSelect), configBox,
@@ -208,7 +208,8 @@
     table(ranked);
     if (ranked.length) {
       $("ppx-summary").textContent = ranked.length + " layouts ranked, " + result.dropped.length + " dropped (they do " +
-        "not fit, or a schedule refuses their microbatch count); the others cannot come within 5% of the winner. " +
+        "not fit, or a schedule refuses their microbatch count); the others cannot come within " +
+        Math.round(100 * data.slack) + "% of the winner. " +
         "Click a row, or change the layout below.";
       choose(ranked[0].layout);
     } else {
@@ -390,6 +391,7 @@
       lx += 24 + 7 * part.length;
     }
     box.dataset.totals = JSON.stringify(ranks.map((r) => r.total));
+    box.dataset.parts = JSON.stringify(ranks.map((r) => PARTS.map((part) => r[part])));
   }
 
   function drawTimeline(box, events, p, span, timeText, caption) {

@@ -41,6 +41,8 @@ def planner_data() -> dict:
         "links": {k: asdict(v) for k, v in hardware.LINKS.items()},
         "inter_default": hardware.INTER_DEFAULT,
         "request": DEFAULT_REQUEST,
+        "request_defaults": search.request_defaults(),
+        "slack": search.SLACK,
         "choices": {"schedules": list(schedules.TORCH_SCHEDULES), "sharding": list(memory.SHARDING),
                     "recompute": list(memory.RECOMPUTE), "balance": list(search.BALANCES),
                     "recipe": list(memory.RECIPES), "kernels": list(memory.KERNELS)},

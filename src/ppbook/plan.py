@@ -63,9 +63,17 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="fused (FlashAttention, fused norms and SwiGLU), unfused (attention keeps its scores), "
                         "book (the book's own block)")
     g.add_argument("--no-sequence-parallel", action="store_true", help="tensor parallelism without sequence parallelism")
+    g.add_argument("--fsdp-reshard-after-forward", choices=memory.FSDP_RESHARD, default="default",
+                   help="under FSDP, free a block's gathered weights after its forward: always, never, or default "
+                        "(torchtitan's: yes without a pipeline, no inside one)")
+    g.add_argument("--stage-io", choices=memory.STAGE_IO, default="torch",
+                   help="torch: torch's PipelineStage keeps a receive buffer per microbatch and each stage's "
+                        "output until its backward; freed: a runtime that frees them once used (Megatron-LM, "
+                        "DeepSpeed)")
     g.add_argument("--headroom", type=float, default=0.1, help="fraction of each GPU kept free")
     g = p.add_argument_group("what to search (default: everything)")
     g.add_argument("--tp", type=int, nargs="+", default=None, help="tensor-parallel sizes to try")
+    g.add_argument("--pp", type=int, nargs="+", default=None, help="pipeline sizes to try (default: every one up to --max-p)")
     g.add_argument("--ep", type=int, nargs="+", default=None,
                    help="expert-parallel sizes to try, for a mixture of experts (default: every one dividing the "
                         "data-parallel size and the experts)")
@@ -147,18 +155,20 @@ def request_from(args: argparse.Namespace) -> search.Request:
         bad = [x for x in values if x not in allowed]
         if bad:
             raise ValueError(f"{flag}: unknown {', '.join(map(repr, bad))}; use some of {', '.join(allowed)}")
-    for flag, values in (("--tp", args.tp or []), ("--ep", args.ep or []),
+    for flag, values in (("--tp", args.tp or []), ("--pp", args.pp or []), ("--ep", args.ep or []),
                          ("--microbatch-sizes", args.microbatch_sizes or [])):
         for x in values:
             _finite(flag, x, 1, inclusive=True)
     req = search.Request(model, gpu, args.gpus, args.gpus_per_node, args.global_batch, args.seq_len,
                          links["intra"], links["inter"], recipe=args.recipe, kernels=args.kernels,
                          sequence_parallel=not args.no_sequence_parallel, headroom=args.headroom,
-                         tps=tuple(args.tp or ()), eps=tuple(args.ep or ()), max_p=args.max_p, max_v=args.max_v,
+                         tps=tuple(args.tp or ()), pps=tuple(args.pp or ()), eps=tuple(args.ep or ()),
+                         max_p=max(args.max_p, *(args.pp or [1])), max_v=args.max_v,
                          max_microbatch_size=args.max_microbatch_size, microbatch_sizes=tuple(args.microbatch_sizes or ()),
                          schedules=tuple(args.schedules), shardings=tuple(args.sharding),
                          recomputes=tuple(args.recompute), balances=tuple(args.balance),
-                         measured_costs=not args.estimate_costs)
+                         measured_costs=not args.estimate_costs, fsdp_reshard=args.fsdp_reshard_after_forward,
+                         stage_io=args.stage_io)
     if args.tp and not search.tensor_parallel_sizes(req):
         raise ValueError(f"no --tp of {args.tp} divides the {args.gpus} GPUs, the {model.heads} heads, the "
                          f"{model.kv_heads} key/value heads and the MLP width {model.ffn} within a node of "
@@ -261,12 +271,13 @@ def table(ranked: list[search.Prediction], top: int) -> list[str]:
 def breakdown(pred: search.Prediction, req: search.Request) -> list[str]:
     """Every pipeline rank's memory by kind, in GB (one tensor-parallel group's GPUs hold the same)."""
     rows = [f"  {'rank':>4} {'stages':>10} {'params':>7} {'grads':>7} {'optim':>7} {'activ':>7} {'logits':>7} "
-            f"{'total':>7} of {req.usable_bytes / GB:.1f} usable"]
+            f"{'buffers':>7} {'total':>7} of {req.usable_bytes / GB:.1f} usable"]
     ranks = pred.memory if len(pred.memory) <= 8 else pred.memory[:4] + pred.memory[-4:]
     for r in ranks:
         stages_text = ",".join(map(str, r.stages)) if len(r.stages) <= 3 else f"{r.stages[0]},...,{r.stages[-1]}"
         rows.append(f"  {r.rank:>4} {stages_text:>10} {r.parameters / GB:>7.1f} {r.gradients / GB:>7.1f} "
-                    f"{r.optimizer / GB:>7.1f} {r.activations / GB:>7.1f} {r.logits / GB:>7.1f} {r.total / GB:>7.1f}")
+                    f"{r.optimizer / GB:>7.1f} {r.activations / GB:>7.1f} {r.logits / GB:>7.1f} {r.buffers / GB:>7.1f} "
+                    f"{r.total / GB:>7.1f}")
     if len(pred.memory) > 8:
         rows.insert(5, "   ...")
     return rows
@@ -299,7 +310,7 @@ def explain(layout: search.Layout, req: search.Request, ranked: list[search.Pred
     if fits:
         lines.append(f"  fits: {pred.peak_gb:.1f} GB on the fullest GPU (rank {worst.rank})")
     else:
-        kinds = {k: getattr(worst, k) for k in ("parameters", "gradients", "optimizer", "activations", "logits")}
+        kinds = {k: getattr(worst, k) for k in search.MEMORY_KINDS}
         big = max(kinds, key=kinds.get)
         lines.append(f"  does not fit: rank {worst.rank} needs {worst.total / GB:.1f} GB of {req.usable_bytes / GB:.1f} "
                      f"usable, most of it {big} ({kinds[big] / GB:.1f} GB)")
@@ -324,46 +335,116 @@ def layout_json(layout: search.Layout, req: search.Request) -> dict:
             "timeline": [[e.rank, e.stage, e.kind, e.microbatch, e.start, e.end] for e in events]}
 
 
+# What each framework can run, for --export: torchtitan runs torch's schedules and shards with FSDP2
+# (or replicates); Megatron-LM runs 1F1B and interleaved 1F1B, and shards with its distributed optimizer
+# (ZeRO-1) or Megatron-Core's Megatron-FSDP (gradients too: optim_grads; weights too: optim_grads_params).
+FRAMEWORKS = {
+    "torchtitan": {"schedules": (search.NO_PIPELINE, *schedules.TORCH_SCHEDULES), "shardings": ("none", "fsdp")},
+    "megatron": {"schedules": (search.NO_PIPELINE, "1F1B", "Interleaved1F1B"), "shardings": memory.SHARDING},
+}
+MEGATRON_SHARDING = {
+    "none": [],
+    "zero1": ["--use-distributed-optimizer"],
+    "zero2": ["--use-megatron-fsdp", "--data-parallel-sharding-strategy optim_grads", "--use-distributed-optimizer",
+              "--ckpt-format fsdp_dtensor"],
+    "fsdp": ["--use-megatron-fsdp", "--data-parallel-sharding-strategy optim_grads_params",
+             "--use-distributed-optimizer", "--ckpt-format fsdp_dtensor"],
+}
+
+
+def runs_on(layout: search.Layout, kind: str) -> str | None:
+    """Why framework ``kind`` cannot run ``layout``; ``None`` if it can."""
+    fw = FRAMEWORKS[kind]
+    if layout.schedule not in fw["schedules"]:
+        return f"{kind} runs no {layout.schedule} schedule"
+    if layout.sharding not in fw["shardings"]:
+        return f"{kind} has no {layout.sharding} sharding"
+    return None
+
+
+def exportable(ranked: list[search.Prediction], req: search.Request, kind: str) -> tuple[search.Prediction | None, str]:
+    """The fastest layout framework ``kind`` can run, and a sentence when it is not the winner
+    (searched again within the framework's options if no ranked layout qualifies)."""
+    if not ranked:
+        return None, ""
+    win = ranked[0]
+    problem = runs_on(win.layout, kind)
+    if problem is None:
+        return win, ""
+    fw = FRAMEWORKS[kind]
+    best = next((o for o in ranked if runs_on(o.layout, kind) is None), None)
+    if best is None:
+        narrowed = search.with_layout(req, schedules=tuple(s for s in req.schedules if s in fw["schedules"]),
+                                      shardings=tuple(x for x in req.shardings if x in fw["shardings"]))
+        best = next(iter(search.plan(narrowed)[0]), None)
+    if best is None:
+        return None, f"the winner cannot be exported: {problem}, and nothing {kind} runs fits"
+    return best, (f"the winner cannot be exported: {problem}; the fastest layout it runs is {best.layout.label()}, "
+                  f"{100 * (best.step_s / win.step_s - 1):.1f}% slower")
+
+
 def export(pred: search.Prediction, req: search.Request, kind: str) -> str:
-    """The layout as a torchtitan TOML fragment or Megatron-LM command-line arguments."""
+    """A layout ``kind`` runs (:func:`runs_on`) as a torchtitan TOML fragment or Megatron-LM
+    command-line arguments; notes are comment lines of their own, before the arguments."""
     c = pred.layout
+    problem = runs_on(c, kind)
+    if problem:
+        raise ValueError(f"--export {kind}: {problem} ({c.label()})")
+    first_less, last_less = search.end_weights(req) if c.balance == "ends" and c.p > 1 else (0, 0)
+    layers = [len(x) for x in search.layers_of(c, req)]
+    notes: list[str] = []
     if kind == "torchtitan":
-        schedule = {search.NO_PIPELINE: "1F1B"}.get(c.schedule, c.schedule)
         ac = {"none": "none", "selective": "selective", "full": "full"}[c.recompute]
-        lines = ["[parallelism]", f"tensor_parallel_degree = {c.tp}", f"pipeline_parallel_degree = {c.p}",
+        lines = ["[parallelism]", f"data_parallel_replicate_degree = {c.dp if c.sharding == 'none' else 1}",
                  f"data_parallel_shard_degree = {c.dp if c.sharding == 'fsdp' else 1}",
-                 f"data_parallel_replicate_degree = {1 if c.sharding == 'fsdp' else c.dp}",
-                 f"pipeline_parallel_schedule = \"{schedule}\"",
-                 f"pipeline_parallel_microbatch_size = {c.b}"] + \
-                ([f"expert_parallel_degree = {c.ep}"] if c.ep > 1 else []) + ["",
-                 "[activation_checkpoint]", f"mode = \"{ac}\""] + (['selective_ac_option = "op"'] if ac == "selective" else []) + \
-                ["", "[training]", f"local_batch_size = {c.b * c.m}", f"global_batch_size = {req.global_batch}",
-                 f"seq_len = {req.seq_len}"]
-        if c.sharding in ("zero1", "zero2"):
-            lines.insert(0, f"# {c.sharding}: torchtitan shards with FSDP; closest: data_parallel_shard_degree = {c.dp}")
-        if c.balance == "ends":
-            lines.append("# balance=ends: give the first and last stages fewer layers "
-                         "(pipeline_parallel_layers_per_stage / module_fqns_per_model_part)")
-        return "\n".join(lines)
+                 f"fsdp_reshard_after_forward = \"{req.fsdp_reshard}\"", f"tensor_parallel_degree = {c.tp}",
+                 f"pipeline_parallel_degree = {c.p}"]
+        if c.ep > 1:
+            lines.append(f"expert_parallel_degree = {c.ep}")
+        if c.p > 1:
+            lines += [f"pipeline_parallel_schedule = \"{c.schedule}\"", f"pipeline_parallel_microbatch_size = {c.b}",
+                      f"pipeline_parallel_first_stage_less_layers = {first_less}",
+                      f"pipeline_parallel_last_stage_less_layers = {last_less}"]
+            if c.num_stages > c.p:  # torchtitan cuts ceil((layers + less) / layers_per_stage) stages
+                units = req.model.layers + first_less + last_less
+                per_stage = -(-units // c.num_stages)
+                lines.append(f"pipeline_parallel_layers_per_stage = {per_stage}")
+                if -(-units // per_stage) != c.num_stages:
+                    notes.append(f"torchtitan cuts {units} layer units into {-(-units // per_stage)} stages at "
+                                 f"{per_stage} per stage, not {c.num_stages}; list the stages' modules in "
+                                 "module_fqns_per_model_part")
+        lines += ["", "[activation_checkpoint]", f"mode = \"{ac}\""]
+        if ac == "selective":
+            lines.append('selective_ac_option = "op"')
+        # a pipeline cuts the local batch into microbatches; without one torchtitan accumulates
+        # gradients over global / (local x dp) batches of b sequences
+        lines += ["", "[training]", f"local_batch_size = {c.b * c.m if c.p > 1 else c.b}",
+                  f"global_batch_size = {req.global_batch}", f"seq_len = {req.seq_len}"]
+        return "\n".join([f"# {n}" for n in notes] + lines)
     args = [f"--tensor-model-parallel-size {c.tp}", f"--pipeline-model-parallel-size {c.p}",
-            f"--micro-batch-size {c.b}", f"--global-batch-size {req.global_batch}", f"--seq-length {req.seq_len}"]
+            f"--micro-batch-size {c.b}", f"--global-batch-size {req.global_batch}", f"--seq-length {req.seq_len}",
+            "--bf16"]
     if c.ep > 1:
         args.append(f"--expert-model-parallel-size {c.ep}")
-    if c.schedule in ("Interleaved1F1B",) and c.v > 1:
-        per_chunk = max(1, req.model.layers // (c.p * c.v))
-        args.append(f"--num-layers-per-virtual-pipeline-stage {per_chunk}")
+    if c.num_stages > c.p:
+        args.append(f"--num-virtual-stages-per-pipeline-rank {c.num_stages // c.p}")
+    if c.balance == "ends" and c.p > 1:
+        args += [f"--decoder-first-pipeline-num-layers {layers[0]}", f"--decoder-last-pipeline-num-layers {layers[-1]}"]
+        middle = sum(layers[1:-1])
+        if c.num_stages > 2 and middle % (c.num_stages - 2):
+            notes.append(f"Megatron-LM splits the middle {middle} layers evenly over {c.num_stages - 2} stages; "
+                         f"the planner's split is {layers}")
     if c.tp > 1 and req.sequence_parallel:
         args.append("--sequence-parallel")
-    if c.sharding in ("zero1", "zero2", "fsdp"):
-        args.append("--use-distributed-optimizer" if c.sharding == "zero1" else
-                    f"--use-distributed-optimizer  # {c.sharding}: Megatron-LM shards the optimizer state (ZeRO-1)")
+    args += MEGATRON_SHARDING[c.sharding]
+    if c.sharding in ("zero2", "fsdp"):
+        notes.append(f"{c.sharding}: Megatron-Core's Megatron-FSDP" + (
+            "; check that your version runs it with pipeline parallelism" if c.p > 1 else ""))
     if c.recompute == "full":
         args += ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]
     elif c.recompute == "selective":
         args.append("--recompute-granularity selective")
-    if c.schedule in ("GPipe", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"):
-        args.append(f"# schedule {c.schedule}: Megatron-LM runs 1F1B or interleaved 1F1B")
-    return " \\\n  ".join(args)
+    return "\n".join([f"# {n}" for n in notes] + [" \\\n  ".join(args)])
 
 
 def _drop_summary(dropped: list[search.Prediction], limit: int = 20) -> list[str]:
@@ -404,9 +485,13 @@ def main(argv=None) -> int:
             print("\n".join(breakdown(closest, req)))
     if named is not None:
         print("\n".join(explain(named, req, ranked)))
-    if args.export and ranked:
-        print(f"the winner as {args.export} configuration:")
-        print(export(ranked[0], req, args.export))
+    if args.export:
+        chosen, note = exportable(ranked, req, args.export)
+        if note:
+            print(note)
+        if chosen is not None:
+            print(f"{'the winner' if not note else 'that layout'} as {args.export} configuration:")
+            print(export(chosen, req, args.export))
     if args.why:
         print("\n".join(_drop_summary(dropped)))
     if args.json:

@@ -143,6 +143,49 @@ def fsdp_gathered(block_params: float, root_params: float, blocks: int, pipeline
     return root_params + min(blocks, 1 + prefetch) * block_params, block_params + root_params
 
 
+FSDP_RESHARD = ("default", "always", "never")
+
+
+def reshards_after_forward(policy: str, pipelined: bool) -> bool:
+    """Whether FSDP2 frees a block's gathered weights after its forward, under torchtitan's
+    ``fsdp_reshard_after_forward`` policy: ``always``, ``never``, or ``default`` (yes without a
+    pipeline, no inside one, where it would gather every block again for every microbatch)."""
+    if policy not in FSDP_RESHARD:
+        raise ValueError(f"unknown FSDP reshard policy {policy!r}; use one of {', '.join(FSDP_RESHARD)}")
+    return {"always": True, "never": False}.get(policy, not pipelined)
+
+
+# --- a pipeline stage's inputs and outputs -------------------------------------------------------------------
+
+STAGE_IO = ("torch", "freed")
+
+
+def stage_buffer_bytes(boundary: float, m: int, first: bool, last: bool, stage_io: str = "torch") -> float:
+    """Bytes of the receive buffers one pipeline stage keeps: torch's ``PipelineStage`` allocates,
+    at its first step, a buffer for every microbatch's input (every stage but the first) and for
+    every microbatch's output gradient (every stage but the last), ``boundary`` bytes each, and
+    keeps them from step to step (``_prepare_forward_infra`` and ``_prepare_backward_infra`` in
+    torch 2.13's ``stage.py``; ``tests/test_planner_memory.py`` counts them on torch's own stage).
+    Runtimes that allocate on receipt and free once used (``stage_io="freed"``: Megatron-LM,
+    DeepSpeed, Llama 3's) keep none."""
+    if stage_io not in STAGE_IO:
+        raise ValueError(f"unknown stage_io {stage_io!r}; use one of {', '.join(STAGE_IO)}")
+    if stage_io == "freed":
+        return 0.0
+    return m * boundary * ((0 if first else 1) + (0 if last else 1))
+
+
+def held_io_bytes(boundary: float, first: bool, last: bool, stage_io: str = "torch") -> float:
+    """Bytes one microbatch holds on a stage between its forward and its backward beyond what
+    autograd saves (:func:`stage_activation_bytes`): under torch's ``PipelineStage``, the stage's
+    output, which the schedule keeps until the backward (``fwd_cache``; the last stage's output is
+    the logits, counted apart), less, on every stage but the first, the first block's saved
+    input, which is the receive buffer itself (counted once, with the buffers)."""
+    if stage_io == "freed":
+        return 0.0
+    return (0.0 if last else boundary) - (0.0 if first else boundary)
+
+
 # --- activations ---------------------------------------------------------------------------------------
 
 def _mlp_values(shape: ModelShape, width: int, kernels: str) -> int:

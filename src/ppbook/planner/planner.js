@@ -473,6 +473,7 @@
 
   // --- memory.py ----------------------------------------------------------------------------------------------------
   var GB = 1e9, SHARDING = ["none", "zero1", "zero2", "fsdp"], RECOMPUTE = ["none", "selective", "full"];
+  var MEMORY_KINDS = ["parameters", "gradients", "optimizer", "activations", "logits", "buffers"];
   var KERNELS = ["fused", "unfused", "book"];
   var RECIPES = {"bf16": [2, 4, 4, 8, 2], "bf16-grads": [2, 4, 2, 8, 2], "fp32": [4, 0, 4, 8, 4]};
   function recipe(name) {
@@ -495,10 +496,61 @@
   }
   function total3(s) { return s.parameters + s.gradients + s.optimizer; }
 
-  function fsdpGathered(blockParams, rootParams, blocks, pipelined) {
+  function fsdpGathered(blockParams, rootParams, blocks, pipelined, reshardAfterForward) {
     var total = blocks * blockParams + rootParams;
-    if (pipelined) return [total, total];
+    if (pipelined || !reshardAfterForward) return [total, pipelined ? total : blockParams + rootParams];
     return [rootParams + Math.min(blocks, 2) * blockParams, blockParams + rootParams];
+  }
+
+  // port of reshards_after_forward: torchtitan's fsdp_reshard_after_forward policy
+  function reshardsAfterForward(policy, pipelined) {
+    if (policy === "always") return true;
+    if (policy === "never") return false;
+    return !pipelined;
+  }
+
+  // ports of stage_buffer_bytes and held_io_bytes: what torch's PipelineStage keeps beyond autograd
+  function stageBufferBytes(boundary, m, first, last, stageIo) {
+    if (stageIo === "freed") return 0;
+    return m * boundary * ((first ? 0 : 1) + (last ? 0 : 1));
+  }
+  function heldIoBytes(boundary, first, last, stageIo) {
+    if (stageIo === "freed") return 0;
+    return (last ? 0 : boundary) - (first ? 0 : boundary);
+  }
+
+  // --- fsdp_window.py: the all-gathers of one rank in one step, torch's unshard window included -----------------------
+  var MAX_ACTIVE_STAGES = 3;
+  function withUnshardWindow(actions) {
+    var active = [], out = [];
+    actions.forEach(function (a, i) {
+      var upcoming = [];
+      for (var j = i; j < actions.length && upcoming.length < MAX_ACTIVE_STAGES; j++)
+        if (upcoming.indexOf(actions[j][0]) < 0) upcoming.push(actions[j][0]);
+      active.filter(function (s) { return upcoming.indexOf(s) < 0; }).forEach(function (s) {
+        active.splice(active.indexOf(s), 1); out.push([s, "RESHARD"]);
+      });
+      upcoming.forEach(function (s) { if (active.indexOf(s) < 0) { active.push(s); out.push([s, "UNSHARD"]); } });
+      out.push(a);
+    });
+    active.forEach(function (s) { out.push([s, "RESHARD"]); });
+    return out;
+  }
+  // port of fsdp_step's gathered bytes: stages maps a stage to {blocks: [sizes], root: size}
+  function fsdpGatheredBytes(actions, stages, reshardAfterForward, window) {
+    var lowered = window ? withUnshardWindow(actions) : actions, gathered = {}, nbytes = 0;
+    lowered.forEach(function (a) {
+      var st = a[0], kind = a[1], g = stages[st], keys = [], b;
+      for (b = 0; b < g.blocks.length; b++) keys.push([b, g.blocks[b]]);
+      if (g.root) keys.push([-1, g.root]);
+      if (kind === "RESHARD") { keys.forEach(function (k) { delete gathered[st + "|" + k[0]]; }); return; }
+      keys.forEach(function (k) {
+        if (!gathered[st + "|" + k[0]]) { nbytes += k[1]; gathered[st + "|" + k[0]] = true; }
+      });
+      if (kind === "F" && reshardAfterForward)
+        keys.forEach(function (k) { if (k[0] !== -1) delete gathered[st + "|" + k[0]]; });
+    });
+    return nbytes;
   }
 
   function attentionWidths(s) {
@@ -668,10 +720,9 @@
     // req: {model, gpu, gpus, gpus_per_node, global_batch, seq_len, intra, inter, recipe, kernels,
     //       sequence_parallel, headroom, tps, max_p, max_v, max_microbatch_size, microbatch_sizes,
     //       schedules, shardings, recomputes, balances, measured_costs}
-    var defaults = {recipe: "bf16", kernels: "fused", sequence_parallel: true, headroom: 0.1, tps: [], eps: [], max_p: 32,
-      max_v: 4, max_microbatch_size: 8, microbatch_sizes: [], schedules: TORCH_SCHEDULES, shardings: SHARDING,
-      recomputes: RECOMPUTE, balances: ["even", "ends"], measured_costs: true};
-    for (var k in defaults) if (req[k] === undefined) req[k] = defaults[k];
+    // the defaults of search.Request, exported from Python (explorer.planner_data)
+    var defaults = DATA.request_defaults;
+    for (var k in defaults) if (req[k] === undefined) req[k] = Array.isArray(defaults[k]) ? defaults[k].slice() : defaults[k];
     this.req = req;
     this.cache = {};
   }
@@ -722,6 +773,11 @@
     });
   };
 
+  // port of pipeline_sizes, one size at a time
+  function pipelineSize(req, ranks, p) {
+    return ranks % p === 0 && p <= Math.min(req.model.layers, req.max_p) && (!req.pps.length || req.pps.indexOf(p) >= 0);
+  }
+
   Planner.prototype.tensorParallelSizes = function () {
     var req = this.req, s = req.model, opts = req.tps.length ? req.tps : [];
     if (!opts.length) for (var k = 0; k < 8; k++) if (Math.pow(2, k) <= req.gpus_per_node) opts.push(Math.pow(2, k));
@@ -744,7 +800,7 @@
     tps.forEach(function (tp) {
       var ranks = req.gpus / tp;
       for (var p = 1; p <= ranks; p++) {
-        if (ranks % p || p > Math.min(req.model.layers, req.max_p)) continue;
+        if (!pipelineSize(req, ranks, p)) continue;
         var dp = ranks / p;
         self.expertParallelSizes(dp).forEach(function (ep) {
           bs.forEach(function (b) {
@@ -794,9 +850,12 @@
         " heads / " + req.model.kv_heads + " key/value heads / MLP width " + req.model.ffn + "; use another number of GPUs";
     tps.forEach(function (tp) {
       var ranks = Math.floor(req.gpus / tp);
-      for (var p = 1; p <= ranks; p++) if (ranks % p === 0 && p <= Math.min(req.model.layers, req.max_p)) dps[ranks / p] = true;
+      for (var p = 1; p <= ranks; p++) if (pipelineSize(req, ranks, p)) dps[ranks / p] = true;
     });
     var list = Object.keys(dps).map(Number).sort(function (a, b) { return a - b; });
+    if (!list.length)
+      return "no pipeline size of [" + req.pps.join(", ") + "] divides the GPUs per tensor-parallel slot and is at most " +
+        "the model's " + req.model.layers + " layers (and max_p " + req.max_p + "); try other pipeline sizes";
     if (list.some(function (dp) { return req.global_batch % dp === 0; })) return null;
     var smallest = list[0];
     return "--global-batch " + req.global_batch + " is not a multiple of any data-parallel size these GPUs allow (" +
@@ -935,6 +994,12 @@
     return L.schedule === NO_PIPELINE ? [0] : stageIndices(L.schedule, rank, L.p, L.v);
   };
 
+  // port of stage_boundary_bytes
+  Planner.prototype.stageBoundaryBytes = function (b, tp) {
+    var req = this.req, whole = boundaryBytes(b, req.seq_len, req.model.hidden, recipe(req.recipe).activation_bytes);
+    return req.sequence_parallel ? whole / tp : whole;
+  };
+
   Planner.prototype.tables = function (nStagesValue, balance, b, recompute, tp) {
     var self = this;
     return this.cached("tables", [nStagesValue, balance, b, recompute, tp].join("|"), function () {
@@ -942,9 +1007,11 @@
       var dt = recipe(req.recipe).activation_bytes, tokens = b * req.seq_len, n = layers.length;
       var whole = (req.sequence_parallel || tp === 1) ? 0 :
         replicatedValues(s, req.kernels, recompute) * tokens * dt * (1 - 1 / tp);
+      var boundary = self.stageBoundaryBytes(b, tp);
       var t = {per_mb: [], residual: [], params: [], block_params: [], blocks: [], experts: []};
       layers.forEach(function (owned, st) {
-        t.per_mb.push(stageActivationBytes(s, owned, tokens, st === 0, st === n - 1, dt, req.kernels, recompute, req.seq_len) / tp + owned.length * whole);
+        t.per_mb.push(stageActivationBytes(s, owned, tokens, st === 0, st === n - 1, dt, req.kernels, recompute, req.seq_len) / tp + owned.length * whole
+          + heldIoBytes(boundary, st === 0, st === n - 1, req.stage_io));
         t.residual.push(owned.length * valuesBytes(blockResidualValues(s), tokens, dt) / tp);
         t.params.push(stageParameters(s, owned, st === 0, st === n - 1) / tp);
         t.block_params.push(stageParameters(s, owned, false, false) / tp);
@@ -995,10 +1062,17 @@
     stages.forEach(function (s) { experts += t.experts[s]; });
     var dense = params - experts, local = experts / ep, g = [0, 0];
     if (L.sharding === "fsdp") {
+      var pipelined = L.p > 1;
       stages.forEach(function (s) { blocks += t.blocks[s]; });
       stages.forEach(function (s) { inBlocks += t.block_params[s]; });
       inBlocks = inBlocks - experts + local;
-      g = fsdpGathered(inBlocks / blocks, dense + local - inBlocks, blocks, L.p > 1);
+      g = fsdpGathered(inBlocks / blocks, dense + local - inBlocks, blocks, pipelined,
+                       reshardsAfterForward(this.req.fsdp_reshard, pipelined));
+      if (pipelined && stages.length > MAX_ACTIVE_STAGES) {
+        var sizes = stages.map(function (s) { return fsdpShare(t, s, ep); }).sort(function (a, b) { return b - a; });
+        g[0] = 0;
+        for (var k = 0; k < MAX_ACTIVE_STAGES; k++) g[0] += sizes[k];
+      }
     }
     var state = stateBytes(dense, r, L.sharding, L.dp, g[0], g[1]);
     if (local) {
@@ -1007,6 +1081,28 @@
         optimizer: state.optimizer + own.optimizer};
     }
     return {params: dense, experts: local, state: state};
+  };
+
+  function fsdpShare(t, s, ep) { return t.params[s] - t.experts[s] + t.experts[s] / ep; }
+
+  // port of fsdp_gathers_factor: how many times over a pipeline rank all-gathers its parameters per step
+  Planner.prototype.fsdpGathersFactor = function (L, t, rank) {
+    var self = this, ep = L.ep || 1, stages = this.owned(L, rank), groups = {}, total = 0;
+    var reshard = reshardsAfterForward(this.req.fsdp_reshard, true);
+    stages.forEach(function (s) {
+      var root = t.params[s] - t.block_params[s], inBlocks = fsdpShare(t, s, ep) - root, blocks = [];
+      for (var b = 0; b < t.blocks[s]; b++) blocks.push(inBlocks / t.blocks[s]);
+      groups[s] = {blocks: blocks, root: root};
+      total += fsdpShare(t, s, ep);
+    });
+    var points = simulatedMs(L).map(function (mm) {
+      var key = [L.schedule, L.p, mm, L.v, rank, reshard, JSON.stringify(groups)].join("|");
+      return [mm, self.cached("fsdpgathers", key, function () {
+        var actions = self.order(L.schedule, L.p, mm, L.v)[rank].map(function (a) { return [a.stage, a.kind]; });
+        return fsdpGatheredBytes(actions, groups, reshard, placement(L.schedule) !== "single");
+      })];
+    });
+    return extrapolate(points, L.m) / total;
   };
 
   Planner.prototype.memoryFloor = function (L) {
@@ -1020,19 +1116,21 @@
 
   // port of rank_memory: per pipeline rank {rank, stages, parameters, gradients, optimizer, activations, logits, total}
   Planner.prototype.rankMemory = function (L) {
-    var t = this.tables(numStages(L), L.balance, L.b, L.recompute, L.tp);
+    var req = this.req, t = this.tables(numStages(L), L.balance, L.b, L.recompute, L.tp);
     var held = this.rankActivations(L.schedule, L.p, L.m, L.v, L.b, L.balance, L.recompute, L.tp), out = [];
+    var boundary = this.stageBoundaryBytes(L.b, L.tp), n = numStages(L);
     for (var rank = 0; rank < L.p; rank++) {
-      var stages = this.owned(L, rank), st = this.rankState(L, t, stages).state;
+      var stages = this.owned(L, rank), st = this.rankState(L, t, stages).state, buffers = 0;
+      stages.forEach(function (s) { buffers += stageBufferBytes(boundary, L.m, s === 0, s === n - 1, req.stage_io); });
       var r = {rank: rank, stages: stages, parameters: st.parameters, gradients: st.gradients, optimizer: st.optimizer,
-        activations: held[rank][0], logits: held[rank][1]};
-      r.total = r.parameters + r.gradients + r.optimizer + r.activations + r.logits;
+        activations: held[rank][0], logits: held[rank][1], buffers: buffers};
+      r.total = r.parameters + r.gradients + r.optimizer + r.activations + r.logits + r.buffers;
       out.push(r);
     }
     return out;
   };
 
-  Planner.prototype.dpExposed = function (L, params, busy, lastBackward, firstForward, experts) {
+  Planner.prototype.dpExposed = function (L, params, busy, lastBackward, firstForward, experts, gathers) {
     var req = this.req;
     if (L.dp === 1) return [0, 0];
     var r = recipe(req.recipe), link = L.dp * L.tp <= req.gpus_per_node ? req.intra : req.inter;
@@ -1059,10 +1157,11 @@
       return [rs + ag, Math.max(0, rs - lastBackward) + Math.max(0, ag - firstForward)];
     }
     if (L.p === 1) {
-      var total = L.m * (2 * gather(r.weight_bytes) + gather(r.grad_bytes));
+      var perMicrobatch = reshardsAfterForward(req.fsdp_reshard, false) ? 2 : 1;
+      var total = L.m * (perMicrobatch * gather(r.weight_bytes) + gather(r.grad_bytes));
       return [total, Math.max(0, total - busy)];
     }
-    var ag2 = gather(r.weight_bytes), rs2 = gather(r.grad_bytes);
+    var ag2 = (gathers === undefined ? 1 : gathers) * gather(r.weight_bytes), rs2 = gather(r.grad_bytes);
     return [ag2 + rs2, Math.max(0, ag2 - busy) + rs2];
   };
 
@@ -1115,7 +1214,7 @@
     mem.forEach(function (r) { if (r.total > worst.total) worst = r; });
     pred.peak_bytes = worst.total;
     if (checkMemory !== false && worst.total > usableBytes(req)) {
-      var kinds = ["parameters", "gradients", "optimizer", "activations", "logits"], big = kinds[0];
+      var kinds = MEMORY_KINDS, big = kinds[0];
       kinds.forEach(function (k) { if (worst[k] > worst[big]) big = k; });
       pred.why_not = "does not fit: rank " + worst.rank + " needs " + (worst.total / GB).toFixed(1) + " GB of the " +
         (usableBytes(req) / GB).toFixed(1) + " GB usable, " + (worst[big] / GB).toFixed(1) + " GB of it " + big;
@@ -1138,7 +1237,8 @@
       var stages = this.owned(L, r), rs = this.rankState(L, t, stages), lastBackward = 0;
       stages.forEach(function (s) { lastBackward += sc.costs[s + "B"]; });
       var firstForward = sc.costs[stages[0] + "F"];
-      var te = this.dpExposed(L, rs.params, busy[r], lastBackward, firstForward, rs.experts);
+      var gathers = L.sharding === "fsdp" && L.p > 1 ? this.fsdpGathersFactor(L, t, r) : 1;
+      var te = this.dpExposed(L, rs.params, busy[r], lastBackward, firstForward, rs.experts, gathers);
       var opt = this.optimizerSeconds(rs.params, L, rs.experts);
       step = Math.max(step, end[r] + te[1] + opt);
       exposedWorst = Math.max(exposedWorst, te[1]); trafficWorst = Math.max(trafficWorst, te[0]);
@@ -1179,7 +1279,7 @@
 
   // port of plan: {ranked, dropped}
   Planner.prototype.plan = function (slack) {
-    slack = slack === undefined ? 0.05 : slack;
+    slack = slack === undefined ? DATA.slack : slack;
     var self = this, req = this.req, dropped = [], valid = [];
     this.candidates().forEach(function (L) {
       var problem = self.constraintProblem(L);
@@ -1217,7 +1317,7 @@
 
   var api = {
     TORCH_SCHEDULES: TORCH_SCHEDULES, NO_PIPELINE: NO_PIPELINE, SHARDING: SHARDING, RECOMPUTE: RECOMPUTE,
-    KERNELS: KERNELS, RECIPES: Object.keys(RECIPES), GB: GB,
+    KERNELS: KERNELS, RECIPES: Object.keys(RECIPES), GB: GB, MEMORY_KINDS: MEMORY_KINDS,
     placement: placement, stagesPerRank: stagesPerRank, stageIndices: stageIndices, scheduleProblem: scheduleProblem,
     order: order, compileOrder: compileOrder, run: run, peakInFlight: peakInFlight, simulate: simulate,
     shape: shape, fromHfConfig: fromHfConfig, validateShape: validateShape, totalParameters: totalParameters,

@@ -34,6 +34,7 @@ import functools
 import math
 from dataclasses import asdict, dataclass, field, replace
 
+from ppbook.fsdp_window import MAX_ACTIVE_STAGES, StageGroups, fsdp_step
 from ppbook.planner import costs, memory, schedules, shapes, traffic
 from ppbook.planner.hardware import GPU, Link
 from ppbook.planner.shapes import ModelShape, embedding_parameters, head_parameters, layer_parameters
@@ -58,6 +59,7 @@ class Request:
     sequence_parallel: bool = True     # with tp > 1: norms and dropouts split along the sequence too
     headroom: float = 0.1  # fraction of each GPU kept free (CUDA context, NCCL buffers, fragmentation)
     tps: tuple[int, ...] = ()           # tensor-parallel sizes to try (default: powers of two within a node)
+    pps: tuple[int, ...] = ()           # pipeline sizes to try (default: every one that divides, up to max_p)
     eps: tuple[int, ...] = ()           # expert-parallel sizes to try (default: every one that divides dp and the experts)
     max_p: int = 32
     max_v: int = 4
@@ -68,6 +70,8 @@ class Request:
     recomputes: tuple[str, ...] = memory.RECOMPUTE
     balances: tuple[str, ...] = BALANCES
     measured_costs: bool = True        # use the book's H100 measurements where they match
+    fsdp_reshard: str = "default"      # torchtitan's fsdp_reshard_after_forward: default, always, never
+    stage_io: str = "torch"            # torch's PipelineStage buffers, or "freed" (Megatron-LM, DeepSpeed, Llama 3)
 
     @property
     def usable_bytes(self) -> float:
@@ -101,9 +105,14 @@ class Layout:
         return self.p * (1 if self.schedule == NO_PIPELINE else schedules.stages_per_rank(self.schedule, self.v))
 
 
+MEMORY_KINDS = ("parameters", "gradients", "optimizer", "activations", "logits", "buffers")
+
+
 @dataclass
 class RankMemory:
-    """Bytes one GPU holds at its peak, by kind."""
+    """Bytes one GPU holds at its peak, by kind (:data:`MEMORY_KINDS`): parameters (FSDP's
+    gathered weights among them), gradients, optimizer state, saved activations, the last
+    stage's logits and loss, and the pipeline's receive buffers."""
     rank: int
     stages: list[int]
     parameters: float
@@ -111,10 +120,11 @@ class RankMemory:
     optimizer: float
     activations: float
     logits: float
+    buffers: float = 0.0
 
     @property
     def total(self) -> float:
-        return self.parameters + self.gradients + self.optimizer + self.activations + self.logits
+        return self.parameters + self.gradients + self.optimizer + self.activations + self.logits + self.buffers
 
 
 @dataclass
@@ -211,12 +221,19 @@ def expert_parallel_sizes(req: Request, dp: int) -> list[int]:
     return [e for e in (req.eps or range(1, dp + 1)) if dp % e == 0 and req.model.experts % e == 0]
 
 
+def pipeline_sizes(req: Request, ranks: int) -> list[int]:
+    """Pipeline sizes for ``ranks`` GPUs per tensor-parallel slot: those that divide them, up to
+    ``max_p`` and the layers (only ``pps`` when given)."""
+    return [d for d in range(1, ranks + 1) if ranks % d == 0 and d <= min(req.model.layers, req.max_p)
+            and (not req.pps or d in req.pps)]
+
+
 def candidates(req: Request) -> list[Layout]:
     """Every combination considered, constraints not yet checked."""
     out = []
     for tp in tensor_parallel_sizes(req):
         ranks = req.gpus // tp
-        for p in (d for d in range(1, ranks + 1) if ranks % d == 0 and d <= min(req.model.layers, req.max_p)):
+        for p in pipeline_sizes(req, ranks):
             dp = ranks // p
             for ep in expert_parallel_sizes(req, dp):
                 out += _candidates_of(req, tp, p, dp, ep)
@@ -255,10 +272,13 @@ def divisibility_problem(req: Request) -> str | None:
     dps = set()
     for tp in tensor_parallel_sizes(req):
         ranks = req.gpus // tp
-        dps |= {ranks // p for p in range(1, ranks + 1) if ranks % p == 0 and p <= min(req.model.layers, req.max_p)}
+        dps |= {ranks // p for p in pipeline_sizes(req, ranks)}
     if not tensor_parallel_sizes(req):
         return (f"no tensor-parallel size divides both the {req.gpus} GPUs and the model's {req.model.heads} heads / "
                 f"{req.model.kv_heads} key/value heads / MLP width {req.model.ffn}; use another number of GPUs")
+    if not dps:
+        return (f"no pipeline size of {list(req.pps)} divides the GPUs per tensor-parallel slot and is at most the "
+                f"model's {req.model.layers} layers (and max_p {req.max_p}); try other pipeline sizes")
     if not any(req.global_batch % dp == 0 for dp in dps):
         smallest = min(dps)
         return (f"--global-batch {req.global_batch} is not a multiple of any data-parallel size these GPUs allow "
@@ -486,6 +506,13 @@ class _Tables:
     experts: tuple[float, ...]   # the routed experts' share of params (what expert parallelism divides)
 
 
+def stage_boundary_bytes(req: Request, b: int, tp: int) -> float:
+    """Bytes of one microbatch's activation at a stage boundary, on one GPU: ``b x s x h`` values,
+    split over the tensor-parallel ranks when sequence parallelism splits the sequence."""
+    whole = traffic.boundary_bytes(b, req.seq_len, req.model.hidden, memory.RECIPES[req.recipe].activation_bytes)
+    return whole / tp if req.sequence_parallel else whole
+
+
 @functools.lru_cache(maxsize=8192)
 def _tables(req: Request, num_stages: int, balance: str, b: int, recompute: str, tp: int) -> _Tables:
     shape = req.model
@@ -497,9 +524,11 @@ def _tables(req: Request, num_stages: int, balance: str, b: int, recompute: str,
     per_mb, residual, params, block_params = [], [], [], []
     whole = 0.0 if req.sequence_parallel or tp == 1 else \
         memory.replicated_values(shape, req.kernels, recompute) * tokens * dt * (1 - 1 / tp)
+    boundary = stage_boundary_bytes(req, b, tp)
     for s, owned in enumerate(layers):
         per_mb.append(memory.stage_activation_bytes(shape, owned, tokens, s == 0, s == n - 1, dt, req.kernels,
-                                                    recompute, req.seq_len) / tp + len(owned) * whole)
+                                                    recompute, req.seq_len) / tp + len(owned) * whole
+                      + memory.held_io_bytes(boundary, s == 0, s == n - 1, req.stage_io))
         residual.append(len(owned) * memory.values_bytes(memory.block_residual_values(shape), tokens, dt) / tp)
         total = memory.stage_parameters(shape, owned, s == 0, s == n - 1) / tp
         params.append(total)
@@ -556,16 +585,53 @@ def _rank_state(layout: Layout, req: Request, t: _Tables, stages: list[int]) -> 
     recipe = memory.RECIPES[req.recipe]
     gathered = unsharded = 0.0
     if layout.sharding == "fsdp":
+        pipelined = layout.p > 1
         blocks = sum(t.blocks[s] for s in stages)
         in_blocks = sum(t.block_params[s] for s in stages) - experts + local
-        gathered, unsharded = memory.fsdp_gathered(in_blocks / blocks, dense + local - in_blocks, blocks,
-                                                   pipelined=layout.p > 1)
+        gathered, unsharded = memory.fsdp_gathered(
+            in_blocks / blocks, dense + local - in_blocks, blocks, pipelined,
+            memory.reshards_after_forward(req.fsdp_reshard, pipelined))
+        if pipelined and len(stages) > MAX_ACTIVE_STAGES:
+            # torch's runtime gathers a rank's next MAX_ACTIVE_STAGES stages and frees the others
+            # (ppbook.fsdp_window); their gradients stay unsharded, accumulated, until the step's end
+            sizes = sorted((_fsdp_share(t, s, layout.ep) for s in stages), reverse=True)
+            gathered = sum(sizes[:MAX_ACTIVE_STAGES])
     state = memory.state_bytes(dense, recipe, layout.sharding, layout.dp, gathered, unsharded)
     if local:
         own = memory.state_bytes(local, recipe, layout.sharding, layout.dp // layout.ep)
         state = memory.State(state.parameters + own.parameters, state.gradients + own.gradients,
                              state.optimizer + own.optimizer)
     return dense, local, state
+
+
+def _fsdp_share(t: _Tables, stage: int, ep: int) -> float:
+    """Parameters of ``stage`` one GPU gathers under FSDP (its routed experts' ``1/ep`` share)."""
+    return t.params[stage] - t.experts[stage] + t.experts[stage] / ep
+
+
+@functools.lru_cache(maxsize=16384)
+def _fsdp_gathered_per_step(name: str, p: int, m: int, v: int, rank: int, reshard: bool,
+                            groups: tuple[tuple[int, float, float, int], ...]) -> float:
+    """Parameters one pipeline rank all-gathers in one step under FSDP2 inside ``PipelineStage``
+    (torch's unshard window included for the multi-stage schedules), from its order:
+    :func:`ppbook.fsdp_window.fsdp_step`. ``groups``: per stage (index, parameters in its blocks,
+    in its root group, blocks)."""
+    stages = {s: StageGroups(tuple([blocks_params / n] * n), root) for s, blocks_params, root, n in groups}
+    actions = [(a.stage, a.kind) for a in _order(name, p, m, v)[rank]]
+    return fsdp_step(actions, stages, reshard, window=schedules.placement(name) != "single").gathered_bytes
+
+
+def fsdp_gathers_factor(layout: Layout, req: Request, t: _Tables, rank: int) -> float:
+    """How many times over a pipeline rank all-gathers its parameters in one step under FSDP
+    (1.0: each once), counted from the schedule's order at the simulated microbatch counts and
+    extended linearly to ``m``."""
+    stages = _owned(layout, rank)
+    groups = tuple((s, _fsdp_share(t, s, layout.ep) - (t.params[s] - t.block_params[s]),
+                    t.params[s] - t.block_params[s], t.blocks[s]) for s in stages)
+    reshard = memory.reshards_after_forward(req.fsdp_reshard, True)
+    points = [(mm, _fsdp_gathered_per_step(layout.schedule, layout.p, mm, layout.v, rank, reshard, groups))
+              for mm in _simulated_ms(layout)]
+    return _extrapolate(points, layout.m) / sum(_fsdp_share(t, s, layout.ep) for s in stages)
 
 
 def memory_floor(layout: Layout, req: Request) -> float:
@@ -587,17 +653,19 @@ def rank_memory(layout: Layout, req: Request, layers: list[list[int]] | None = N
     t = _tables(req, layout.num_stages, layout.balance, layout.b, layout.recompute, layout.tp)
     held = _rank_activations(req, layout.schedule, layout.p, layout.m, layout.v, layout.b, layout.balance,
                              layout.recompute, layout.tp)
+    boundary, n = stage_boundary_bytes(req, layout.b, layout.tp), layout.num_stages
     out = []
     for rank in range(layout.p):
         stages = _owned(layout, rank)
         _, _, state = _rank_state(layout, req, t, stages)
         acts, logits = held[rank]
-        out.append(RankMemory(rank, stages, state.parameters, state.gradients, state.optimizer, acts, logits))
+        buffers = sum(memory.stage_buffer_bytes(boundary, layout.m, s == 0, s == n - 1, req.stage_io) for s in stages)
+        out.append(RankMemory(rank, stages, state.parameters, state.gradients, state.optimizer, acts, logits, buffers))
     return out
 
 
 def _dp_exposed(layout: Layout, req: Request, params: float, busy: float, last_backward: float,
-                first_forward: float, experts: float = 0.0) -> tuple[float, float]:
+                first_forward: float, experts: float = 0.0, gathers: float = 1.0) -> tuple[float, float]:
     """(seconds of data-parallel traffic per step for this rank, seconds of it not hidden).
 
     The model of overlap, as the frameworks overlap:
@@ -611,7 +679,11 @@ def _dp_exposed(layout: Layout, req: Request, params: float, busy: float, last_b
       reduce-scatter runs after the step's last backward (``perform_reduce_grad``): not hidden.
 
     ``params`` are reduced among all ``dp`` replicas; ``experts`` (a GPU's routed experts under
-    expert parallelism) among the ``dp / ep`` replicas that hold the same experts.
+    expert parallelism) among the ``dp / ep`` replicas that hold the same experts. Under FSDP inside
+    a pipeline, ``gathers`` says how many times over the rank gathers its weights in a step
+    (:func:`fsdp_gathers_factor`: once, unless it reshards after forward or torch's unshard window
+    frees stages); without one, FSDP gathers each block for every microbatch's forward, and again
+    for its backward when it reshards after forward.
     """
     if layout.dp == 1:
         return 0.0, 0.0
@@ -635,11 +707,12 @@ def _dp_exposed(layout: Layout, req: Request, params: float, busy: float, last_b
         if reduces > 1:  # every microbatch reduces, overlapped with the backwards (about 2/3 of the work)
             return rs + ag, max(0.0, rs - 2 * busy / 3) + max(0.0, ag - first_forward)
         return rs + ag, max(0.0, rs - last_backward) + max(0.0, ag - first_forward)
-    if layout.p == 1:  # FSDP alone: gathered for forward and backward, reduced, every microbatch
-        total = layout.m * (2 * gather(recipe.weight_bytes) + gather(recipe.grad_bytes))
+    if layout.p == 1:  # FSDP alone: gathered for the forward (and the backward), reduced, every microbatch
+        per_microbatch = 2 if memory.reshards_after_forward(req.fsdp_reshard, False) else 1
+        total = layout.m * (per_microbatch * gather(recipe.weight_bytes) + gather(recipe.grad_bytes))
         return total, max(0.0, total - busy)
-    # torchtitan keeps blocks gathered under a pipeline: one all-gather per step (traffic.fsdp_gathers)
-    ag, rs = gather(recipe.weight_bytes), gather(recipe.grad_bytes)
+    # inside PipelineStage: the all-gathers the order makes, then one reduce-scatter at the step's end
+    ag, rs = gathers * gather(recipe.weight_bytes), gather(recipe.grad_bytes)
     return ag + rs, max(0.0, ag - busy) + rs
 
 
@@ -662,7 +735,7 @@ def predict(layout: Layout, req: Request, check_memory: bool = True, mem: list[R
     pred = Prediction(layout, memory=mem)
     worst = max(mem, key=lambda r: r.total)
     if check_memory and worst.total > req.usable_bytes:
-        kinds = {k: getattr(worst, k) for k in ("parameters", "gradients", "optimizer", "activations", "logits")}
+        kinds = {k: getattr(worst, k) for k in MEMORY_KINDS}
         big = max(kinds, key=kinds.get)
         pred.why_not = (f"does not fit: rank {worst.rank} needs {worst.total / memory.GB:.1f} GB of the "
                         f"{req.usable_bytes / memory.GB:.1f} GB usable, {kinds[big] / memory.GB:.1f} GB of it {big}")
@@ -683,7 +756,8 @@ def predict(layout: Layout, req: Request, check_memory: bool = True, mem: list[R
         # the rank's last backward passes (one per stage it holds) and its first forward
         last_backward = sum(stage_cost[(s, "B")] for s in stages)
         first_forward = stage_cost[(stages[0], "F")]
-        total, exposed = _dp_exposed(layout, req, params, busy[r], last_backward, first_forward, experts)
+        gathers = fsdp_gathers_factor(layout, req, t, r) if layout.sharding == "fsdp" and layout.p > 1 else 1.0
+        total, exposed = _dp_exposed(layout, req, params, busy[r], last_backward, first_forward, experts, gathers)
         opt = _optimizer_seconds(params, layout, req, experts)
         step = max(step, end[r] + exposed + opt)
         exposed_worst, traffic_worst = max(exposed_worst, exposed), max(traffic_worst, total)
@@ -730,7 +804,18 @@ def _busiest(req: Request, schedule: str, p: int, v: int, num_stages: int, balan
                    for s in _owned(probe, r)) for r in range(p))
 
 
-def plan(req: Request, keep_all: bool = False, slack: float = 0.05) -> tuple[list[Prediction], list[Prediction]]:
+SLACK = 0.05  # the search lists the layouts within this fraction of the winner's step time
+
+
+def request_defaults() -> dict:
+    """Every default of :class:`Request` (what the planner page fills in, never typed twice)."""
+    from dataclasses import MISSING, fields
+
+    return {f.name: list(f.default) if isinstance(f.default, tuple) else f.default
+            for f in fields(Request) if f.default is not MISSING}
+
+
+def plan(req: Request, keep_all: bool = False, slack: float = SLACK) -> tuple[list[Prediction], list[Prediction]]:
     """(ranked, dropped): the layouts that fit, fastest first, and the others with why they were
     dropped. Candidates are visited in the order of their lower bound (the busiest rank's
     computation alone); unless ``keep_all``, the search stops at the first whose bound is more
