@@ -9,8 +9,8 @@ or GPU gets an estimate: the pass's FLOPs over the GPU's dense bf16 peak times a
 fraction of peak that the measured passes reached on the H100. Wider layers reach more of it (the
 measured forwards went from about half of the peak at hidden size 4096 to over 60% at 16384), so
 the efficiency of each pass is a line in ``log2(hidden / 4096)``, fitted to the measurements by
-:func:`calibrate` (:data:`EFFICIENCY`; ``tests/test_planner_costs.py`` checks the constants and
-that the fit stays within 20% of every measured pass) and held between 20% and 85%. Other GPUs
+:func:`calibrate` (:data:`EFFICIENCY`; ``tests/test_plan.py`` checks the constants and
+that the fit stays within 7% of every measured pass) and held between 20% and 85%. Other GPUs
 get the same fraction of their own peak. That is an assumption, stated in the planner's output.
 
 FLOPs of one layer for ``N`` tokens of sequences of length ``s`` (causal attention computes half

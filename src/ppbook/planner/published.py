@@ -7,11 +7,13 @@ expert parallelism (chapter "Mixture of experts"), whose throughput is not compa
 published. For each run :func:`compare` poses the planner the
 same question (model, GPUs, links, global batch, sequence length), restricted to what the run's
 framework could do at the time (its schedules, sharding modes and kernels) and to the choices
-its authors state they fixed (recomputation, microbatch size), and reports:
+its authors state they fixed (recomputation, microbatch size, and for a benchmark of schedules the
+tensor and pipeline sizes), and reports:
 
 - the published layout's predicted memory and throughput, against the published ones;
 - the planner's own choice, and whether the published layout is that choice or within
-  :data:`AGREE` of its predicted step time;
+  :data:`AGREE` of its predicted step time (a row measured as the alternative to another of its
+  table, ``alternative_of``, is compared but is no choice of its authors);
 - what the planner would choose with everything torch 2.13 offers.
 """
 
@@ -53,20 +55,26 @@ def request(row: dict, data: dict, constrained: bool = True) -> search.Request:
     fw = data["frameworks"][row["framework"]]
     c = row.get("constraints", {})
     return replace(req, schedules=tuple(fw["schedules"]), shardings=tuple(fw["shardings"]), kernels=fw["kernels"],
-                   sequence_parallel=fw["sequence_parallel"],
+                   sequence_parallel=fw["sequence_parallel"], stage_io=fw["stage_io"],
+                   fsdp_reshard=fw.get("fsdp_reshard", "default"),
                    balances=(c["balance"],) if "balance" in c else tuple(fw["balances"]),
                    recomputes=(c["recompute"],) if "recompute" in c else tuple(fw.get("recomputes", search.memory.RECOMPUTE)),
-                   microbatch_sizes=(c["microbatch"],) if "microbatch" in c else ())
+                   microbatch_sizes=(c["microbatch"],) if "microbatch" in c else (),
+                   tps=(c["tp"],) if "tp" in c else (), pps=(c["pp"],) if "pp" in c else ())
 
 
 def published_layouts(row: dict, req: search.Request) -> list[search.Layout]:
-    """The layouts the publication describes: its tp, pp, dp, schedule and sharding, with every
-    value of what it leaves open (microbatch size, stages per rank) that the request allows."""
+    """The layouts the publication describes: its tp, pp, dp, schedule, stages per rank (where
+    given) and sharding, with every value of what it leaves open (microbatch size, stages per
+    rank) that the request allows."""
     lay = row["layout"]
     schedule = lay["schedule"] or search.NO_PIPELINE
     out = []
-    for c in search.candidates(replace(req, tps=(lay["tp"],), eps=(lay.get("ep", 1),), shardings=(lay["sharding"],))):
-        if (c.p, c.dp, c.schedule) == (lay["pp"], lay["dp"], schedule) and not search.constraint_problem(c, req):
+    wide = replace(req, tps=(lay["tp"],), eps=(lay.get("ep", 1),), shardings=(lay["sharding"],),
+                   max_v=max(req.max_v, lay.get("v", 1)))
+    for c in search.candidates(wide):
+        if (c.p, c.dp, c.schedule) == (lay["pp"], lay["dp"], schedule) and c.v == lay.get("v", c.v) \
+                and not search.constraint_problem(c, req):
             out.append(c)
     return out
 
@@ -99,6 +107,12 @@ class Comparison:
     published_tps: float | None      # None: not published, or not comparable
 
     @property
+    def is_choice(self) -> bool:
+        """Whether the row is its authors' choice of layout (not the alternative a table measured
+        beside it, ``alternative_of``): only choices count towards agreement."""
+        return "alternative_of" not in self.row
+
+    @property
     def agrees(self) -> bool:
         """The published layout is the planner's choice, or predicted within AGREE of it."""
         if self.choice is None or self.published.why_not:
@@ -118,9 +132,22 @@ class Comparison:
 
     @property
     def throughput_comparable(self) -> bool:
-        """Published throughput is comparable unless the GPUs' peak was not published (or
-        there is no published throughput)."""
-        return "preset" in self.row["gpu"] and self.published_tps is not None
+        """Published throughput is comparable unless there is none, the run's recipe is one the
+        planner does not time (``throughput.comparable`` false, with its reason), or the GPUs'
+        peak was not published."""
+        return self.incomparable_because is None
+
+    @property
+    def incomparable_because(self) -> str | None:
+        """Why the published throughput cannot be compared with the prediction; ``None`` if it can."""
+        t = self.row["throughput"]
+        if self.published_tps is None:
+            return "no throughput published"
+        if not t.get("comparable", True):
+            return t["why"]
+        if "preset" not in self.row["gpu"]:
+            return "the GPUs' dense peak is not published"
+        return None
 
 
 def compare(row: dict, data: dict | None = None, unconstrained: bool = False) -> Comparison:

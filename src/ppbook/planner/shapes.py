@@ -4,7 +4,7 @@
 Introduced in "Choosing a pipeline". A :class:`ModelShape` holds what the planner needs of a
 decoder-only transformer: its sizes, which kind of MLP, norm and position encoding it uses,
 whether it has biases or tied embeddings, and, for mixtures of experts, its experts. The
-parameter counts are exact for these architectures; ``tests/test_planner_shapes.py`` checks
+parameter counts are exact for these architectures; ``tests/test_plan.py`` checks
 every preset against its published count (within 1%) and the Llama shapes against the book's own
 model built in torch.
 """
