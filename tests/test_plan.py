@@ -306,6 +306,8 @@ def with_change(change: list[str]) -> list[str]:
     (["--ep", "2"], "has no experts"),
     (["--model", "mixtral-8x7b", "--ep", "3"], "none of [3] divides the 8 experts"),
     (["--layout", "ep=2"], "ep 2 must divide dp"),
+    (["--pp", "7"], "no pipeline size of [7] divides"),
+    (["--pp", "0"], "--pp must be at least 1"),
 ])
 def test_bad_requests_get_one_line_and_a_nonzero_exit(change, message, capsys):
     """In this process (``plan.main``); ``test_cli_runs_as_a_reader_runs_it`` runs the module."""
@@ -499,3 +501,31 @@ def test_a_winner_the_framework_cannot_run_is_named_and_its_best_runnable_layout
     assert "that layout as torchtitan configuration" in out
     with pytest.raises(ValueError, match="megatron runs no GPipe schedule"):
         plan.export(search.Prediction(search.Layout(1, 2, 4, "GPipe", 1, 1, 8, "none", "none")), request(), "megatron")
+
+
+# --- activations of the accountings that cannot be built on the CPU ----------------------------------------
+
+def test_attention_keeping_its_scores_is_korthikantis_count():
+    """Korthikanti et al. 2022 (section 4.1): a GPT layer without recomputation saves
+    ``s b h (34 + 5 a s / h)`` bytes in 16-bit, and tensor parallelism without sequence
+    parallelism divides all but ``10 s b h`` of it by ``t``. The planner's ``unfused`` accounting
+    gives the same, plus the layer norms' float32 statistics, which that count leaves out."""
+    gpt = shapes.PRESETS["megatron-145b"]
+    h, a, s, b = gpt.hidden, gpt.heads, 2048, 1
+    values, fp32 = memory.layer_activation_values(gpt, "unfused", "none", seq_len=s)
+    assert values * 2 == pytest.approx(h * (34 + 5 * a * s / h))  # bytes per token
+    assert fp32 == 4  # mean and rstd of each of the two layer norms
+    req = request("megatron-145b", 64, 64, s, gpu=hardware.GPUS["a100-80gb"], kernels="unfused",
+                  sequence_parallel=False)
+    for t in (2, 4, 8):
+        per_mb = search._tables(req, 80, "even", b, "none", t).per_mb[1]  # a middle stage: one layer
+        layer = per_mb - memory.held_io_bytes(search.stage_boundary_bytes(req, b, t), False, False)
+        expected = s * b * h * (10 + 24 / t + 5 * a * s / (h * t)) + s * b * 4 * 4 / t
+        assert layer == pytest.approx(expected)
+
+
+def test_a_custom_model_from_the_command_line_is_planned(capsys):
+    status, out = in_process(["--model", "custom", "--hidden", "2048", "--layers", "16", "--heads", "16",
+                              "--kv-heads", "4", "--ffn", "5632", "--vocab", "32000", "--gpus", "8",
+                              "--global-batch", "64", "--seq-len", "2048"], capsys)
+    assert status == 0 and "model custom:" in out and "is predicted fastest" in out, out
