@@ -164,15 +164,56 @@ def assert_same_plan(page, cli: dict) -> None:
         assert r["bubble"] == pytest.approx(o["bubble"], rel=1e-9, abs=1e-12)
 
 
+def plan_here(tmp_path, *args: str) -> dict:
+    """The same request through ``ppbook.plan.main`` in this process (no interpreter to start),
+    its JSON back."""
+    from ppbook import plan
+
+    out = tmp_path / f"plan{len(list(tmp_path.iterdir()))}.json"
+    assert plan.main([*args, "--json", str(out)]) == 0
+    return json.loads(out.read_text())
+
+
 def assert_same_layout(shown: dict, cli: dict) -> None:
-    """The selected layout as drawn is the CLI's --layout: memory per rank, step time, timeline."""
+    """The selected layout as drawn is the CLI's --layout: every rank's memory by kind (the bars),
+    the step time, and every action of the timeline with its start and end."""
+    from ppbook.planner.search import MEMORY_KINDS
+
     explained = cli["layout"]
     assert shown["label"] == explained["label"]
     assert shown["step_s"] == pytest.approx(explained["step_s"], rel=1e-9)
     assert shown["totals"] == pytest.approx([r["total"] for r in explained["memory"]], rel=1e-9)
-    assert shown["actions"] == len(explained["timeline"]) == shown["rects"]
+    assert len(shown["parts"]) == len(explained["memory"])
+    for drawn, r in zip(shown["parts"], explained["memory"]):
+        assert drawn == pytest.approx([r[k] for k in MEMORY_KINDS], rel=1e-9)
+    assert shown["actions"] == len(explained["timeline"]) == shown["rects"] == len(shown["events"])
+    for drawn, e in zip(shown["events"], explained["timeline"]):
+        assert drawn[:4] == e[:4] and drawn[4:] == pytest.approx(e[4:], rel=1e-9, abs=1e-12)
     assert shown["span"] == pytest.approx(max(e[5] for e in explained["timeline"]), rel=1e-9)
     assert (shown["handoffs"] > 0) == (shown["layout"]["p"] > 1)  # grey lines between ranks
+
+
+def change_each_control(page, tmp_path, args: list[str]) -> list[str]:
+    """Move every control of the selected layout in turn to another value it offers that runs;
+    after each move the drawing changes and is the CLI's --layout of the new layout. Returns the
+    controls moved."""
+    moved = []
+    for control in ("tp", "p", "schedule", "v", "m", "sharding", "recompute", "balance"):
+        before = planner_page.selected(page)
+        current = str(before["layout"][control])
+        for value in [v for v in planner_page.options(page, control) if v != current]:
+            planner_page.choose(page, control, value)
+            after = planner_page.selected(page)
+            if "cannot run" not in after["stats"]:
+                break
+        else:
+            continue  # nothing else this control offers runs here
+        assert after["label"] != before["label"], control
+        if control != "balance":  # lightened ends can round to the even split on a short pipeline
+            assert (after["totals"], after["events"]) != (before["totals"], before["events"]), control
+        assert_same_layout(after, plan_here(tmp_path, *args, "--layout", layout_words(after["layout"])))
+        moved.append(control)
+    return moved
 
 
 def test_the_planner_page_answers_as_the_command_line(site, tmp_path):
@@ -195,15 +236,29 @@ def test_the_planner_page_answers_as_the_command_line(site, tmp_path):
     planner_page.request(page, config=config.read_text(), gpus=32, global_batch=128)
     pasted = planner_page.selected(page)
     args = ["--model", str(config), "--gpus", "32", "--global-batch", "128", *common]
-    assert_same_plan(page, plan_cli(tmp_path, *args))
-    assert pasted["label"] != first["label"]
+    cli = plan_cli(tmp_path, *args, "--layout", layout_words(pasted["layout"]))
+    assert_same_plan(page, cli)
+    assert pasted["label"] == cli["ranked"][0]["label"] != first["label"]
+    assert_same_layout(pasted, cli)
 
-    p = 4 if pasted["layout"]["p"] != 4 else 2  # a reader changes the pipeline's depth
-    planner_page.choose(page, "p", p)
-    changed = planner_page.selected(page)
-    assert changed["layout"]["p"] == p
-    assert changed["totals"] != pasted["totals"] and changed["span"] != pasted["span"]
-    assert_same_layout(changed, plan_cli(tmp_path, *args, "--layout", layout_words(changed["layout"])))
+    moved = change_each_control(page, tmp_path, args)  # a reader changes the layout, part by part
+    assert {"tp", "p", "schedule", "m", "sharding", "recompute"} <= set(moved), moved
+
+    # the reader's own GPU and links: the request the CLI gets with the same numbers
+    planner_page.request(page, model="llama3-8b", gpus=16, global_batch=64)
+    for field, value in (("gpu-memory", "96"), ("gpu-tflops", "800"), ("gpu-bandwidth", "3"),
+                         ("intra-bandwidth", "300"), ("intra-latency", "4"), ("inter-bandwidth", "40"),
+                         ("inter-latency", "9")):
+        page.fill(f"#ppx-{field}", value)
+    planner_page.settled(page)
+    own = ["--model", "llama3-8b", "--gpus", "16", "--global-batch", "64", *common, "--gpu-memory", "96",
+           "--gpu-tflops", "800", "--gpu-bandwidth", "3", "--intra-bandwidth", "300", "--intra-latency", "4",
+           "--inter-bandwidth", "40", "--inter-latency", "9"]
+    mine = planner_page.selected(page)
+    cli = plan_here(tmp_path, *own, "--layout", layout_words(mine["layout"]))
+    assert_same_plan(page, cli)
+    assert_same_layout(mine, cli)
+    assert "(modified)" in page.inner_text("#ppx-header")
 
     page.fill("#ppx-gpus", "12")  # a bad request: one line saying what is wrong, and no table
     page.wait_for_function("() => document.getElementById('ppx-error').textContent.length > 0",
@@ -215,10 +270,20 @@ def test_the_planner_page_answers_as_the_command_line(site, tmp_path):
 
 
 def test_the_planner_page_works_from_file_urls(built_book, chromium):
-    """Opened from disk, as a reader who built the book opens it: the page plans with no server."""
+    """Opened from disk, as a reader who built the book opens it: the page plans with no server
+    and asks the network for nothing (every request outside file:// is refused and recorded)."""
     page = chromium.new_page()
-    errors = []
+    errors, remote = [], []
     page.on("pageerror", lambda e: errors.append(str(e)))
+
+    def refuse(route):
+        if route.request.url.startswith(("file:", "data:", "blob:", "about:")):
+            route.continue_()
+        else:
+            remote.append(route.request.url)
+            route.abort()
+
+    page.route("**/*", refuse)
     page.goto((built_book / "book" / "explorer.html").as_uri())
     page.wait_for_function("() => document.getElementById('ppx').dataset.plans === '1'", timeout=planner_page.WAIT_MS)
     assert len(planner_page.table(page)) >= 2 and planner_page.selected(page)["actions"] > 0
@@ -228,4 +293,5 @@ def test_the_planner_page_works_from_file_urls(built_book, chromium):
     assert page.locator("#ppx-t-chart svg rect").count() == 3 * 2 * 4 * 8  # F, I, W on 2 stages per rank
     assert "bubble" in page.inner_text("#ppx-t-stats")
     assert not real_errors(errors), errors
+    assert not remote, remote  # offline: nothing fetched
     page.close()

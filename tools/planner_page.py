@@ -49,15 +49,25 @@ def table(page) -> list[dict]:
 
 def selected(page) -> dict:
     """The selected layout: its label and fields (tp, p, dp, schedule, v, b, m, sharding,
-    recompute, balance), step time, memory per rank and the timeline drawn."""
+    recompute, balance), step time, memory per rank (totals, and each kind the bars draw), the
+    timeline drawn (every action's rank, stage, kind, microbatch, start and end) and the line
+    under the controls."""
     return page.evaluate("""() => {
         const $ = id => document.getElementById(id);
         return {label: $('ppx').dataset.layout, layout: JSON.parse($('ppx').dataset.layoutFields || 'null'), step_s: Number($('ppx-layout-stats').dataset.stepS),
                 totals: JSON.parse($('ppx-memory').dataset.totals || 'null'),
+                parts: JSON.parse($('ppx-memory').dataset.parts || 'null'),
+                events: JSON.parse($('ppx-timeline').dataset.events || 'null'),
+                stats: $('ppx-layout-stats').textContent,
                 span: Number($('ppx-timeline').dataset.span), actions: Number($('ppx-timeline').dataset.actions),
                 handoffs: Number($('ppx-timeline').dataset.handoffs),
                 bars: $('ppx-memory').querySelectorAll('rect[class^=ppx-]').length,
                 rects: $('ppx-timeline').querySelectorAll('rect').length}; }""")
+
+
+def options(page, control: str) -> list[str]:
+    """The values a control of the selected layout offers now."""
+    return page.eval_on_selector_all(f"#ppx-{control} option", "os => os.map(o => o.value)")
 
 
 def choose(page, control: str, value) -> None:

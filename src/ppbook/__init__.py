@@ -20,7 +20,7 @@ Modules, in the order the book introduces them:
 * :mod:`ppbook.fit`     -- replaying measured steps in the simulator: measured vs predicted (chapters 2, 3, 5)
 * :mod:`ppbook.bubble`  -- closed-form bubble fractions and overheads, with their conventions (chapters 3, 5)
 * :mod:`ppbook.split`   -- balancing policies, per-layer profiling, meta-device stages (chapter 4)
-* :mod:`ppbook.explorer` -- the site's interactive schedule explorer, precomputed by the simulator (after chapter 5)
+* :mod:`ppbook.explorer` -- the planner page: the planner's JavaScript port, its data and drawing (after chapter 10)
 * :mod:`ppbook.activations` -- activation memory held per stage and microbatch over time (chapter 5)
 * :mod:`ppbook.data`    -- the shipped corpus, its locally trained tokenizer, batches (chapter 6)
 * :mod:`ppbook.training` -- token-mean loss, global-norm clipping, warmup + cosine (chapter 6)

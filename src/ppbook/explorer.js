@@ -318,7 +318,7 @@
   function draw() {
     const stats = $("ppx-layout-stats"), memory = $("ppx-memory"), chart = $("ppx-timeline");
     memory.replaceChildren(); chart.replaceChildren();
-    delete memory.dataset.totals; delete chart.dataset.span;
+    delete memory.dataset.totals; delete memory.dataset.parts; delete chart.dataset.span; delete chart.dataset.events;
     if (!planner || !current) { stats.textContent = ""; return; }
     const req = planner.req, L = current;
     const problem = !L.b ? "the global batch " + req.global_batch + " does not split into " + L.dp + " replicas of " +
@@ -427,6 +427,7 @@
     box.dataset.span = span;
     box.dataset.actions = events.length;
     box.dataset.handoffs = handoffs;
+    box.dataset.events = JSON.stringify(events.map((e) => [e.rank, e.stage, e.kind, e.microbatch, e.start, e.end]));
   }
 
   // --- schedules with abstract costs (chapter 5's view) ---------------------------------------------
