@@ -245,12 +245,15 @@ def costs_by_kind(events) -> dict:
 
 
 def timed(run_step, args, info, recorder) -> dict | None:
+    """The median step, and the mean seconds of each kind of action: over the whole run
+    (``costs``) and per stage (``stage_costs``, keyed ``"0F"``, ``"1B"``, ...)."""
     records = measure.timed_steps(run_step, recorder, args.warmup, args.steps, info.device)
     if records is None:
         return None
     events = [e for r in records for e in timeline.from_json(r["events"])]
     median = sorted(r["seconds"] for r in records)[len(records) // 2]
-    return {"step_seconds": median, "costs": costs_by_kind(events)}
+    return {"step_seconds": median, "costs": costs_by_kind(events),
+            "stage_costs": {f"{s}{k}": c for (s, k), c in sorted(timeline.mean_costs(events).items())}}
 
 
 # === compile ====================================================================================
