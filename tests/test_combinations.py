@@ -2,10 +2,11 @@
 parallelism and changing lengths. The chapter launches and checks, against one process: the
 compile sweep per block and in place (2 processes), the checkpointing policies (book kernels,
 2 processes), FSDP2 on a (pp, dp) mesh and tensor parallelism on a (pp, tp) mesh (4 processes),
-the shape strategies and the shorter-sequence failure (2 processes). These tests cover the rest:
-compiling whole stages, the fused kernels under checkpointing in a pipeline, a longer second
-step, the pure pieces (packing, batching, the FSDP unshard window against torch's own lowering),
-and bad input."""
+the shape strategies and the shorter-sequence failure (2 processes). These tests launch FSDP2 and
+tensor parallelism on their 2 x 2 meshes again, small, and every section's --check at m = 3, 5
+and 6 on 2 and 3 ranks; and they cover the rest: compiling whole stages, the fused kernels under
+checkpointing in a pipeline, a longer second step, the pure pieces (packing, batching, the FSDP
+unshard window against torch's own lowering), and bad input."""
 
 from __future__ import annotations
 
@@ -13,11 +14,12 @@ import pytest
 import torch
 from conftest import assert_one_line_error
 
-from ppbook import data, launch, simulate
+from ppbook import data, launch, precision, simulate
 from ppbook.fsdp_window import StageGroups, fsdp_step, with_unshard_window
 from ppbook.planner.memory import layer_activation_bytes
 from ppbook.planner.shapes import ModelShape
 from ppbook.planner.traffic import fsdp_gathers
+from ppbook.stages import TORCH_SCHEDULES, schedule_problem
 
 SCRIPT = "12_combinations.py"
 
@@ -59,6 +61,72 @@ def test_a_longer_second_step_aborts_gloo():
                         check=False, json_result=False)
     assert r.returncode != 0
     assert "Received data size doesn't match expected size" in r.output, r.output[-3000:]
+
+
+SMALL = ["--dim", "32", "--seq-len", "16", "--steps", "1", "--warmup", "0", "--check"]
+
+
+@pytest.mark.torchrun
+def test_fsdp_on_a_2_by_2_mesh_matches_one_process_resharding_or_not():
+    d = launch.torchrun(SCRIPT, ["--section", "fsdp", "--schedules", "1F1B", *SMALL], nproc=4, timeout=120).data
+    assert d["match"] and (d["pp"], d["dp"]) == (2, 2)
+    by = {r["reshard_after_forward"]: r for r in d["runs"]}
+    assert set(by) == {True, False}
+    for run in by.values():
+        assert run["max_grad_diff"] <= precision.tolerance("float32"), run["max_grad_diff"]
+        assert len(run["ranks"]) == 4
+        for x in run["ranks"]:  # one stage per rank: the planner's count is exact, and the window changes none
+            assert x["all_gathers"] == x["planner_gathers"] == x["window_gathers"], x
+    on, off = by[True]["ranks"][0], by[False]["ranks"][0]
+    assert on["all_gathers"] > off["all_gathers"]  # resharding after forward gathers again for the backward
+    assert on["reduce_scatters"] == off["reduce_scatters"] == off["all_gathers"]  # once per group, after the step
+
+
+@pytest.mark.torchrun
+def test_tensor_parallel_on_a_2_by_2_mesh_matches_one_process_with_either_plan():
+    d = launch.torchrun(SCRIPT, ["--section", "tp", *SMALL], nproc=4, timeout=120).data
+    assert d["match"] and (d["pp"], d["tp"]) == (2, 2)
+    per_block = {False: 2 + 5, True: 2 + 2}  # forward + backward all-reduces per block and microbatch
+    assert {r["prepared"] for r in d["runs"]} == set(per_block)
+    for run in d["runs"]:
+        assert run["max_grad_diff"] <= precision.tolerance("float32"), run["max_grad_diff"]
+        for row in run["probed"]:  # every rank of the mesh
+            n = sum(1 for c in row["collectives"] if c["op"] == "all_reduce")
+            assert n == per_block[run["prepared"]] * row["blocks"] * d["microbatches"], (run["prepared"], n)
+
+
+# --- launched: every section's --check at m = 3, 5 and 6 on 2 and 3 ranks (issue 26) --------------
+MS = (3, 5, 6)
+EVERY_M = ["--batch-size", "30", "--layers", "6", *SMALL]  # 30: divisible by 3, 5 and 6
+
+
+def legal(schedules, p: int, m: int) -> list[str]:
+    """Those of ``schedules`` that torch 2.13 runs with m microbatches on p ranks (v = 2)."""
+    return [s for s in schedules if schedule_problem(s, p, m, 2, 6) is None]
+
+
+def every_section(p: int, m: int) -> list[list[str]]:
+    """One launch per section at p ranks and m microbatches: every legal schedule compiled per
+    block, or in place where the split schedules refuse the wrapper (eager, each schedule's
+    arithmetic at these m is 05_schedules.py's check, tests/test_check_every_m.py), checkpointing
+    per stage, two shape strategies, FSDP and tensor parallelism over one rank each (so that the
+    pipeline has p stages; the 2 x 2 meshes are launched above)."""
+    return [["--section", "compile", "--compile-modes", "blocks", "in-place", "--schedules",
+             *legal(TORCH_SCHEDULES, p, m)],
+            ["--section", "recompute", "--policies", "none", "full,selective"],
+            ["--section", "shapes", "--documents", "60", "--strategies", "bucket", "pack"],
+            ["--section", "fsdp", "--dp", "1", "--schedules", *legal(["1F1B", "Interleaved1F1B"], p, m)],
+            ["--section", "tp", "--tp", "1"]]
+
+
+@pytest.mark.torchrun
+@pytest.mark.parametrize("p", [2, 3])
+def test_check_passes_at_3_5_and_6_microbatches(p):
+    for m in MS:
+        for args in every_section(p, m):
+            r = launch.torchrun(SCRIPT, [*args, *EVERY_M, "--microbatches", str(m)], nproc=p, timeout=180,
+                                check=False)
+            assert r.returncode == 0 and r.data["match"], f"{r.shell_command}\n{r.output[-3000:]}"
 
 
 # --- pure: packing and batching ------------------------------------------------------------------
