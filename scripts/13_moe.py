@@ -131,10 +131,12 @@ def reference(full, args, n_steps: int) -> tuple:
     """One process, all experts, the whole batch in the same m microbatches, each microbatch's
     loss = cross-entropy + coef x the layers' balancing losses, backpropagated, summed, / m,
     then SGD: what every run must equal. Returns the last step's gradients and the updated
-    weights, by parameter name, and its mean losses."""
+    weights, by parameter name, its mean losses, and its assignments routed and kept per
+    layer and expert (moe.counts)."""
     model = copy.deepcopy(full)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
     for step in range(n_steps):
+        moe.reset_counts(model)
         opt.zero_grad(set_to_none=True)
         ce, aux = [], []
         for x, y in zip(*(t.tensor_split(args.microbatches) for t in make_batch(args, step))):
@@ -147,7 +149,7 @@ def reference(full, args, n_steps: int) -> tuple:
             p.grad.div_(args.microbatches)
         opt.step()
     state = {n: (p.detach().cpu(), p.grad.cpu()) for n, p in model.named_parameters()}
-    return state, sum(ce) / len(ce), sum(aux) / len(aux)
+    return state, sum(ce) / len(ce), sum(aux) / len(aux), moe.counts(model)
 
 
 def shared_reference(full, args, info) -> tuple:
@@ -412,8 +414,13 @@ def report(r: Run) -> dict | None:
     worst = {k: max(r["diff"][k] for r in rows) for k in ("router", "other", "weight", "router_grad")}
     return {"run": run, "schedule": RUNS[run][0], "aux": RUNS[run][1], "overlap": RUNS[run][2],
             "placement": {r["rank"]: r["stages"] for r in rows}, "pipelines": len(per_pipe),
-            "ce": ce, "aux_loss": aux, "max_diff": worst, "counts": counts,
+            "ce": ce, "aux_loss": aux, "max_diff": worst, "counts": dict(sorted(counts.items(), key=lambda kv: int(kv[0]))),
             "records": records, **measure.summarise_steps(records)}
+
+
+def dropped(counts: dict) -> list[int]:
+    """Assignments dropped per layer (routed beyond an expert's capacity), from moe.counts."""
+    return [sum(c["routed"]) - sum(c["kept"]) for c in counts.values()]
 
 
 def body(args: argparse.Namespace, info) -> int:
@@ -425,7 +432,7 @@ def body(args: argparse.Namespace, info) -> int:
     numel = rows * cfg.n_experts * moe.capacity(args.seq_len, cfg.top_k, cfg.n_experts,
                                                  cfg.capacity_factor) * args.dim
     probe = probe_all_to_all(info, numel) if args.probe_gloo else None
-    ref, ref_ce, ref_aux = shared_reference(full, args, info)
+    ref, ref_ce, ref_aux, ref_counts = shared_reference(full, args, info)
     pp_group, ep = groups(args, info.rank)
     runs = [Run(run, full, args, info, pp_group, ep) for run in args.runs]
     # the runs take turns, one step each: a change in the machine's load hits them all alike
@@ -438,10 +445,12 @@ def body(args: argparse.Namespace, info) -> int:
     tol = precision.tolerance(args.dtype)
     for r in runs:
         diffs = [v for k, v in r["max_diff"].items() if k != "router_grad"]
+        r["same_drops"] = r["counts"] == ref_counts  # every layer's routed and kept, per expert
         r["match"] = (max(diffs) <= tol and abs(r["ce"] - ref_ce) <= tol
-                      and abs(r["aux_loss"] - ref_aux) <= tol)
+                      and abs(r["aux_loss"] - ref_aux) <= tol and r["same_drops"])
         print(f"{r['run']:>18}  step {r['median_step_seconds'] * 1e3:7.1f} ms  loss {r['ce']:.5f} "
               f"+ {args.aux_coef} x {r['aux_loss']:.4f}  router grad diff {r['max_diff']['router']:.1e}  "
+              f"dropped {dropped(r['counts'])} (one process {dropped(ref_counts)})  "
               f"{'MATCH' if r['match'] else 'MISMATCH'}")
     expected = {r["run"]: r["aux"] == "attached" for r in runs}  # the pitfalls must not match
     ok = all(r["match"] == expected[r["run"]] for r in runs)
@@ -454,7 +463,8 @@ def body(args: argparse.Namespace, info) -> int:
                                "capacity_factor": args.capacity_factor, "aux_coef": args.aux_coef,
                                "capacity": moe.capacity(args.seq_len, args.top_k, args.experts,
                                                         args.capacity_factor),
-                               "reference": {"ce": ref_ce, "aux_loss": ref_aux}, "runs": runs, "ok": ok,
+                               "reference": {"ce": ref_ce, "aux_loss": ref_aux, "counts": ref_counts},
+                               "runs": runs, "ok": ok,
                                "probe": probe, "backend": info.backend,
                                "dtype": args.dtype, "torch_version": torch.__version__})
     return 1 if (args.check and not ok) else 0

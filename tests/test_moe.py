@@ -3,9 +3,11 @@ pipeline, DualPipeV's overlapped pairs and the simulator taught them.
 
 The chapter itself launches expert parallelism at 2 processes and PP x EP (1F1B and DualPipeV,
 with and without the overlap, and the two balancing-loss pitfalls) at 4, and checks them against
-one process; these tests cover the pure functions, and launch what the chapter does not: the
-overlap without any all-to-all (PP = 2, EP = 1) and with the whole V on one rank (PP = 1, EP = 2),
-expert parallelism over 4 ranks, all in float64."""
+one process. These tests cover the pure functions and launch, in float64 against one process
+(gradients, weights, losses and the tokens dropped): PP x EP at 4 processes (1F1B, DualPipeV,
+DualPipeV with the overlap), the overlap without any all-to-all (PP = 2, EP = 1) and with the
+whole V on one rank (PP = 1, EP = 2), expert parallelism over 4 ranks, and --check at m = 3, 5
+and 6 on 2 and 3 ranks."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ppbook import launch, moe, overlap, simulate, timeline
+from ppbook import launch, moe, overlap, simulate, stages, timeline
 from ppbook.planner.schedules import Action
 
 warnings.filterwarnings("ignore", message=".*torch.compile.*")
@@ -187,6 +189,18 @@ def check_matches(data, runs):
     for r in data["runs"]:
         assert r["match"] and max(r["max_diff"][k] for k in ("router", "other", "weight")) < 1e-12, r["run"]
         assert abs(r["ce"] - data["reference"]["ce"]) < 1e-12, r["run"]
+        assert r["same_drops"] and r["counts"] == data["reference"]["counts"], r["run"]  # the same tokens dropped
+
+
+def ran_at_once(data, run: str, p: int, m: int) -> None:
+    """Every OVERLAP_F_B pair of ``run`` ran its forward and its backward at the same time, on every rank."""
+    events = timeline.from_json(next(r for r in data["runs"] if r["run"] == run)["events"])
+    by_key = {(e.rank, e.stage, e.kind, e.microbatch): e for e in events}
+    order = overlap.pair_order("DualPipeV", p, m)
+    for rank in range(data["world_size"]):
+        for f, b in (item for item in order[rank % p] if len(item) == 2):
+            ef, eb = by_key[(rank, f.stage, "F", f.microbatch)], by_key[(rank, b.stage, "B", b.microbatch)]
+            assert ef.start < eb.end and eb.start < ef.end, (rank, f, b)
 
 
 @pytest.mark.torchrun
@@ -195,14 +209,54 @@ def test_overlap_with_the_v_on_one_rank_and_experts_over_two():
                                       "--microbatches", "4", "--batch-size", "8", *SMALL], nproc=2, timeout=300)
     runs = {x["run"]: x for x in r.data["runs"]}
     assert runs["DualPipeV-overlap"]["match"] and not runs["aux-ignored"]["match"] and r.data["ok"]
-    events = timeline.from_json(runs["DualPipeV-overlap"]["events"])
-    order = overlap.pair_order("DualPipeV", 1, 4)
-    pairs = [item for item in order[0] if len(item) == 2]
-    by_key = {(e.rank, e.stage, e.kind, e.microbatch): e for e in events}
-    for f, b in pairs:  # the halves of every pair ran at the same time, on both ranks
-        for rank in (0, 1):
-            ef, eb = by_key[(rank, f.stage, "F", f.microbatch)], by_key[(rank, b.stage, "B", b.microbatch)]
-            assert ef.start < eb.end and eb.start < ef.end
+    ran_at_once(r.data, "DualPipeV-overlap", 1, 4)
+
+
+@pytest.mark.torchrun
+def test_pipelines_times_experts_on_four_processes_equal_one_process():
+    """PP = 2 x EP = 2: two pipelines whose stages share their experts; 1F1B, DualPipeV, and
+    DualPipeV with the overlap, in float64 against one process (the chapter runs the same in
+    float32 with the timings)."""
+    r = launch.torchrun("13_moe.py", ["--pp", "2", "--ep", "2", "--runs", "1F1B", "DualPipeV", "DualPipeV-overlap",
+                                      "--microbatches", "4", "--batch-size", "8", *SMALL], nproc=4, timeout=300)
+    check_matches(r.data, ["1F1B", "DualPipeV", "DualPipeV-overlap"])
+    assert r.data["pp"] == 2 and r.data["ep"] == 2
+    assert all(len(rec["comm"]) > 0 for run in r.data["runs"] for rec in run["records"])  # experts exchanged tokens
+    assert any(sum(c["routed"]) > sum(c["kept"]) for c in r.data["reference"]["counts"].values())  # some dropped
+    ran_at_once(r.data, "DualPipeV-overlap", 2, 4)
+
+
+# Every --check at m = 3, 5 and 6 (issue 26), on 2 and 3 ranks, in each layout: pipeline only
+# (--ep 1) and experts only (--pp 1; 3 ranks need a multiple of 3 experts). A schedule runs where
+# it is legal: 1F1B needs m >= p; DualPipeV has 2p stages and needs m >= 2p, so m = 3 is refused on
+# a 2-rank pipeline and only m = 6 runs on a 3-rank one (with 6 layers, one per stage).
+EVERY_M = (3, 5, 6)
+LAYOUTS = [(2, 2, 1), (2, 1, 2), (3, 3, 1), (3, 1, 3)]  # (processes, pp, ep)
+
+
+def legal_runs(pp: int, m: int) -> list[str]:
+    """The runs of 13_moe.py whose schedule accepts m microbatches on a pp-rank pipeline of 6 layers."""
+    return [run for run in ("1F1B", "DualPipeV", "DualPipeV-overlap")
+            if stages.schedule_problem(run.removesuffix("-overlap"), pp, m, layers=6) is None]
+
+
+def test_every_layout_and_m_runs_something():
+    assert [legal_runs(2, m) for m in EVERY_M] == [["1F1B"]] + [["1F1B", "DualPipeV", "DualPipeV-overlap"]] * 2
+    assert [legal_runs(3, m) for m in EVERY_M] == [["1F1B"], ["1F1B"], ["1F1B", "DualPipeV", "DualPipeV-overlap"]]
+    assert all(legal_runs(1, m) == ["1F1B", "DualPipeV", "DualPipeV-overlap"] for m in EVERY_M)
+
+
+@pytest.mark.torchrun
+@pytest.mark.parametrize("nproc,pp,ep", LAYOUTS)
+def test_check_passes_at_m_3_5_and_6(nproc, pp, ep):
+    for m in EVERY_M:
+        runs = legal_runs(pp, m)
+        args = ["--pp", pp, "--ep", ep, "--experts", 6 if ep == 3 else 4, "--layers", 6, "--runs", *runs,
+                "--microbatches", m, "--batch-size", m * ep, *SMALL]
+        r = launch.torchrun("13_moe.py", args, nproc=nproc, timeout=300, check=False)
+        assert r.returncode == 0, f"{r.shell_command}\n{r.output[-3000:]}"
+        check_matches(r.data, runs)
+        assert r.data["microbatches"] == m
 
 
 @pytest.mark.torchrun
