@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
 import sys
 import threading
 import time
@@ -50,7 +51,7 @@ RUNS = {
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     cli.add_common_args(p, microbatches=8, batch_size=32, seq_len=32, layers=4, dim=64)
-    cli.add_timing_args(p, steps=4)
+    cli.add_timing_args(p, steps=8)  # the overlap's prediction is checked on their mean
     p.add_argument("--pp", type=int, default=None, help="pipeline stages' ranks (default: world size / --ep)")
     p.add_argument("--ep", type=int, default=2, help="expert-parallel ranks: each holds experts / ep experts")
     p.add_argument("--runs", nargs="+", choices=list(RUNS) + ["all"], default=["all"],
@@ -342,6 +343,11 @@ def probe_all_to_all(info, numel: int) -> dict:
 # [end-probe]
 
 
+def cores() -> int:
+    """The cores this process may run on (its affinity where the system has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
 class Run:
     """One run of the launch (a schedule, a way of handling the balancing loss, the overlap
     or not): this rank's stages and optimizer, trained one step at a time."""
@@ -389,6 +395,7 @@ def step_record(rows) -> dict:
             for r, (_, trace, *_) in enumerate(rows) for kind, s, e, nbytes in trace]
     return {"seconds": max(row[2] for row in rows), "comm": comm,
             "cpu_seconds": [row[3] for row in rows],  # each rank's processor time, all threads
+            "cores": cores(),  # that the processes may run on: their share of them is what an overlap can use
             "events": timeline.to_json(sorted(events, key=lambda e: e.start))}
 
 

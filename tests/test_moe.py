@@ -169,6 +169,41 @@ def test_a_replay_of_a_simulated_step_is_that_step(name, p, overlapped):
     assert replayed == {(e.rank, e.label): pytest.approx((e.start, e.end)) for e in two}
 
 
+def test_cpu_pair_cost_hides_the_free_share_of_what_a_perfect_overlap_hides():
+    f, b = (1.0, 2.0), (3.0, 1.0)  # (compute, all-to-all): 7 one after the other, 4 perfectly overlapped
+    assert overlap.cpu_pair_cost(f, b, 0.0) == overlap.pair_cost(f, b, overlap=False) == 7
+    assert overlap.cpu_pair_cost(f, b, 1.0) == overlap.pair_cost(f, b, overlap=True) == 4
+    assert overlap.cpu_pair_cost(f, b, 0.25) == pytest.approx(7 - 0.25 * 3)
+    assert overlap.cpu_pair_cost(f, b, -0.5) == 7 and overlap.cpu_pair_cost(f, b, 2.0) == 4  # a share: clamped
+
+
+def test_pair_split_reads_only_the_paired_halves_over_all_steps():
+    order = {0: [(Action(0, "F", 0),), (Action(0, "F", 1), Action(1, "B", 0))]}
+    step = lambda k: ([timeline.Event(0, 0, "F", 0, 0.0, 9.0),  # noqa: E731  (a single: not read)
+                       timeline.Event(0, 0, "F", 1, 9.0, 9.0 + 2 * k), timeline.Event(0, 1, "B", 0, 20.0, 24.0)],
+                      [{"rank": 0, "kind": "dispatch", "start": 9.0, "end": 9.0 + k}])
+    assert overlap.pair_split([step(1), step(3)], order) == {(0, "F"): (2.0, 2.0), (1, "B"): (4.0, 0.0)}
+
+
+def test_busy_share_is_processor_time_over_the_cores_time():
+    records = [{"cpu_seconds": [0.5, 0.5], "seconds": 1.0, "cores": 2}, {"cpu_seconds": [1.0, 0.5], "seconds": 1.0, "cores": 2}]
+    assert overlap.busy_share(records) == pytest.approx((0.5 + 0.75) / 2)
+
+
+def test_a_predicted_pair_replaces_the_measured_block():
+    """Fed an overlapped step the simulator made with pairs of 2.25, the prediction with that pair
+    cost gives the step back, and a longer pair gives a longer step."""
+    order = overlap.pair_order("DualPipeV", 2, 4)
+    cost = {"F": 1.0, "B": 2.0, "I": 1.5, "W": 0.5}
+    events = overlap.simulate_pairs(order, lambda a: cost[a.kind], latency=lambda s, r: 0.1, pair=lambda f, b: 2.25)
+    measured, same = overlap.predicted_step_time([events], order, True, draws=2, pair=lambda f, b: 2.25)
+    assert same == pytest.approx(measured)
+    _, longer = overlap.predicted_step_time([events], order, True, draws=2, pair=lambda f, b: 3.0)
+    assert longer > measured + 0.5
+    replayed = overlap.replay(events, order, True, pair=lambda f, b: 3.0)
+    assert timeline.span(replayed)[1] == pytest.approx(longer)
+
+
 def test_split_costs_and_pair_stats_read_the_all_to_alls_of_each_half():
     f, b = timeline.Event(0, 0, "F", 1, 0.0, 4.0), timeline.Event(0, 1, "B", 0, 0.0, 6.0)
     comm = [{"rank": 0, "kind": "dispatch", "start": 1.0, "end": 2.0},
