@@ -14,7 +14,7 @@ TORCH_PIN := $(shell grep -m1 '^torch==' requirements-reader.txt)
 
 NOTEBOOKS_BRANCH := $(shell sed -n 's/^ *ppbook_notebooks_branch: *\([^ #]*\).*/\1/p' _config.yml)
 
-.PHONY: book book-cached notebooks publish-notebooks pdf test test-fast test-scripts bench bench-schedules bench-plan bench-planner page-times gpu-check browser-deps clean
+.PHONY: book book-cached notebooks publish-notebooks pdf test test-fast test-scripts bench bench-schedules bench-plan bench-planner bench-compile page-times gpu-check browser-deps clean
 
 $(STAMP): requirements.txt requirements-reader.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] >= (3, 10) else "ppbook needs Python >= 3.10 (3.11 recommended), found " + sys.version.split()[0])'
@@ -82,6 +82,12 @@ bench-plan: $(STAMP)
 # How long the planner takes to answer each of chapter 10's published requests (target: 10 s).
 bench-planner: $(STAMP)
 	$(BIN)/python tools/bench_planner.py
+
+# Chapter 12's compile section with inductor, torch.compile's default backend (minutes of compiling
+# on a CPU): each schedule's step eager and compiled per block, per stage and in place, every run
+# checked against one process; the ratios are printed, never asserted. JSON in _build/bench/.
+bench-compile: $(STAMP)
+	$(BIN)/python tools/bench_compile.py
 
 # Each page's execution seconds in the last `make book`, slowest first, against the budget of
 # about a minute per page on 2 cores (exit 1 when a page is over it); JSON in _build/bench/.
