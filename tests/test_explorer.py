@@ -303,3 +303,17 @@ def test_the_page_data_starts_from_a_request_that_plans():
     req = search.Request(shapes.PRESETS[d["model"]], gpu, d["gpus"], d["gpus_per_node"], d["global_batch"],
                          d["seq_len"], H.LINKS[gpu.nvlink], H.LINKS[H.INTER_DEFAULT])
     assert search.plan(req)[0]
+
+
+def test_the_pages_screenshot_shows_the_page_as_it_is():
+    """book/images/planner.png carries the digest of the page's code it was taken with; a change
+    to the page (its drawing, the port, the data) asks for a new one:
+    ``make book && .venv/bin/python tools/screenshot_planner.py``."""
+    from screenshot_planner import DIGEST_KEY, text_chunks
+
+    from conftest import ROOT
+
+    taken = text_chunks((ROOT / "book" / "images" / "planner.png").read_bytes()).get(DIGEST_KEY)
+    assert taken == explorer.source_digest(), (
+        "the planner page changed since its screenshot was taken: make book && "
+        ".venv/bin/python tools/screenshot_planner.py")

@@ -8,13 +8,17 @@ the first pipelined layout of the table selected.
 from __future__ import annotations
 
 import argparse
+import struct
 import sys
+import zlib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 
 import planner_page  # noqa: E402
+
+from ppbook import explorer  # noqa: E402
 from make_pdf import FLAGS, chromium_path  # noqa: E402
 
 CONFIG = ROOT / "data" / "configs" / "qwen2.5-7b.json"
@@ -49,10 +53,35 @@ def main() -> int:
         page.locator("#ppx").scroll_into_view_if_needed()
         page.mouse.move(0, 0)  # no row highlighted by the pointer
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        page.locator("#ppx").screenshot(path=args.out)
+        png = page.locator("#ppx").screenshot()
         browser.close()
+    Path(args.out).write_bytes(with_text(png, DIGEST_KEY, explorer.source_digest()))
     print(f"wrote {args.out}: {rows[pipelined]['label']}")
     return 0
+
+
+DIGEST_KEY = "ppbook-planner-digest"  # tests/test_explorer.py compares it with the page's code
+
+
+def with_text(png: bytes, key: str, value: str) -> bytes:
+    """``png`` with a tEXt chunk ``key``: ``value`` before its IEND chunk."""
+    body = b"tEXt" + key.encode("latin-1") + b"\0" + value.encode("latin-1")
+    chunk = struct.pack(">I", len(body) - 4) + body + struct.pack(">I", zlib.crc32(body))
+    end = png.rindex(b"IEND") - 4  # the IEND chunk's length field
+    return png[:end] + chunk + png[end:]
+
+
+def text_chunks(png: bytes) -> dict[str, str]:
+    """The tEXt chunks of a PNG file, by key."""
+    out, at = {}, 8
+    while at < len(png):
+        (length,) = struct.unpack(">I", png[at:at + 4])
+        kind, data = png[at + 4:at + 8], png[at + 8:at + 8 + length]
+        if kind == b"tEXt":
+            key, _, value = data.partition(b"\0")
+            out[key.decode("latin-1")] = value.decode("latin-1")
+        at += 12 + length
+    return out
 
 
 if __name__ == "__main__":

@@ -68,6 +68,15 @@ def page(data: dict | None = None) -> str:
             f'<script type="application/json" id="ppx-data">{payload}</script>\n<script>\n{code}\n</script>')
 
 
+def source_digest() -> str:
+    """A digest of the page's code (the port, the drawing and its style): the screenshot in the
+    page carries the digest it was taken with, and a test says when the code changed since."""
+    import hashlib
+
+    code = "".join(script(name) for name in ("planner.js", "explorer.js", "explorer.css"))
+    return hashlib.sha256(code.encode()).hexdigest()[:16]
+
+
 def weight(data: dict | None = None) -> int:
     """Bytes the planner adds to its page."""
     return len(page(data).encode())
@@ -80,4 +89,4 @@ def show():
     display(HTML(page()))
 
 
-__all__ = ["DEFAULT_REQUEST", "page", "planner_data", "script", "show", "weight"]
+__all__ = ["DEFAULT_REQUEST", "page", "planner_data", "script", "show", "source_digest", "weight"]
