@@ -151,10 +151,11 @@ ZYGOTE_KEY = pytest.StashKey[subprocess.Popen]()
 def pytest_collection_finish(session):
     if session.config.option.collectonly:
         return
-    from ppbook import launch, zygote
+    from ppbook import launch
+    from ppbook_tools import zygote
 
     # One launch server for the session, the book build's pages included: the tests' launches fork
-    # their ranks from it instead of importing torch in three fresh processes each (ppbook.zygote).
+    # their ranks from it instead of importing torch in three fresh processes each (ppbook_tools.zygote).
     launches = any(_uses_book(item) or item.get_closest_marker("torchrun") for item in session.items)
     if launches and os.environ.get(zygote.FORCE_TORCHRUN) != "torchrun" and not os.environ.get(zygote.ENV):
         log = session.config._tmp_path_factory.mktemp("zygote") / "zygote.log"
@@ -170,7 +171,7 @@ def pytest_sessionfinish(session):
         build.stop()  # a session cut short (-x, Ctrl-C) leaves no build running
     server = session.config.stash.get(ZYGOTE_KEY, None)
     if server is not None:
-        from ppbook import zygote
+        from ppbook_tools import zygote
 
         zygote.stop(server)
 

@@ -88,7 +88,7 @@ def test_device_choice():
             ppdist.pick_device(0, "cuda")
 
 
-# ------------------------------------------------------------------ the launch server (ppbook.zygote)
+# ------------------------------------------------------------------ the launch server (ppbook_tools.zygote)
 
 ENV_PROBE = """
     import json, os, sys
@@ -111,7 +111,7 @@ ENV_PROBE = """
 
 @pytest.fixture
 def server():
-    from ppbook import zygote
+    from ppbook_tools import zygote
 
     if not os.environ.get(zygote.ENV):
         pytest.skip("no launch server in this session (PPBOOK_LAUNCHER=torchrun)")
@@ -222,7 +222,7 @@ def test_the_server_ends_with_the_process_that_started_it(tmp_path):
 
     import psutil
 
-    starter = subprocess.run([sys.executable, "-c", "from ppbook import launch, zygote; "
+    starter = subprocess.run([sys.executable, "-c", "from ppbook import launch; from ppbook_tools import zygote; "
                               "print(zygote.start(launch.child_env(), log=None).pid)"],
                              capture_output=True, text=True, timeout=60, check=True)
     server = psutil.Process(int(starter.stdout))

@@ -11,8 +11,6 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "ppbook"
 
 # Bottom to top, along the data flow. A module may import only modules of lower layers.
 LAYERS: list[tuple[str, list[str]]] = [
-    ("below everything: the launch server that forks ranks from an interpreter with torch imported",
-     ["zygote"]),
     ("leaves: formulas, reports, claims, errors, data, processes, launching, the action graph, precision, "
      "recomputation",
      ["report", "claims", "errors", "bubble", "dataflow", "data", "dist", "launch",
@@ -125,3 +123,15 @@ def test_the_scripts_plumbing_does_not_pull_in_the_simulator():
     plumbing = ["cli", "workload", "driver", "measure", "dist", "stages", "timeline"]
     assert {mod: "simulate" in reachable(graph, mod) for mod in plumbing} == dict.fromkeys(plumbing, False)
     assert "simulate" in reachable(graph, "fit")  # the check can see it where it is
+
+
+def test_the_teaching_package_imports_the_build_plumbing_only_where_a_server_runs():
+    """``ppbook_tools`` (the launch server) is the build's and the tests' plumbing: of the teaching
+    package only ``launch`` imports it, lazily, when a server's socket is named; and the plumbing
+    builds on the package, never the other way round."""
+    importers = {path.relative_to(PACKAGE).as_posix() for path in PACKAGE.rglob("*.py")
+                 if "ppbook_tools" in path.read_text()}
+    assert importers == {"launch.py"}, importers
+    tree = ast.parse((PACKAGE / "launch.py").read_text())
+    top_level = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    assert not any("ppbook_tools" in ast.dump(n) for n in top_level)  # imported inside the hook only

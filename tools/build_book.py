@@ -101,9 +101,10 @@ def execute_pages(root: Path, cache_dir: Path, jobs: int) -> int:
         raise SystemExit("build_book.py: error: execute.run_in_temp is set in _config.yml; "
                          "this tool runs pages in their own folder, as the book's pages expect")
     timeout, allow_errors = int(execute_cfg.get("timeout", 30)), bool(execute_cfg.get("allow_errors", False))
-    from ppbook import launch, zygote
+    from ppbook import launch
+    from ppbook_tools import zygote
 
-    # The pages' launches fork their ranks from one launch server (ppbook.zygote), unless the
+    # The pages' launches fork their ranks from one launch server (ppbook_tools.zygote), unless the
     # caller runs one already (the tests do) or asks for torchrun itself (PPBOOK_LAUNCHER=torchrun).
     server = None
     if not os.environ.get(zygote.ENV) and os.environ.get(zygote.FORCE_TORCHRUN) != "torchrun":

@@ -34,7 +34,6 @@ Modules, in the order the book introduces them:
 * :mod:`ppbook.planner` -- the torch-free planner: schedules' orders, simulator, model shapes, GPUs and links,
   memory by sharding, traffic, costs, the search, published runs (chapters 5, 9, 10; the site's planner page)
 * :mod:`ppbook.plan`    -- the planner's command line, ``python -m ppbook.plan`` (chapter 10)
-* :mod:`ppbook.zygote`  -- the build's and the tests' launch server: ranks forked with torch imported (no chapter)
 * :mod:`ppbook.errors`  -- finding the rank that failed in torchrun's output (appendix C)
 """
 

@@ -9,14 +9,16 @@ Why not ``!torchrun ...`` in a cell: IPython ignores the exit status, so a scrip
 :class:`LaunchError` with the output's tail when the exit status is not zero, and returns the
 JSON the script wrote to ``--json``.
 
-The book's build and the tests start a launch server first (:mod:`ppbook.zygote`), and then
-:func:`torchrun` and :func:`python` fork the ranks from it instead of starting torchrun: the same
-script, argv and environment, without importing torch again in every process. A notebook run by a
-reader, and ``PPBOOK_LAUNCHER=torchrun``, start torchrun itself.
+The book's build and the tests start a launch server first (:mod:`ppbook_tools.zygote`, build
+plumbing beside this package), and name its socket in ``PPBOOK_ZYGOTE``; then :func:`torchrun`
+and :func:`python` fork the ranks from it instead of starting torchrun: the same script, argv and
+environment, without importing torch again in every process. A notebook run by a reader, and
+``PPBOOK_LAUNCHER=torchrun``, start torchrun itself.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -27,8 +29,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ppbook import zygote
-from ppbook.zygote import kill_tree  # noqa: F401 (nodes and the tests use it from here)
+SERVER_ENV = "PPBOOK_ZYGOTE"  # the socket of a running launch server (the build's, the tests')
+LAUNCHER_ENV = "PPBOOK_LAUNCHER"  # "torchrun": never fork from a server
 
 
 class LaunchError(RuntimeError):
@@ -42,7 +44,7 @@ class RunResult:
     output: str  # stdout and stderr, interleaved as the script wrote them
     seconds: float
     data: dict | None = field(default=None)
-    forked: bool = False  # the ranks were forked from the launch server (ppbook.zygote), not started by torchrun
+    forked: bool = False  # the ranks were forked from the launch server (ppbook_tools.zygote), not started by torchrun
 
     @property
     def shell_command(self) -> str:
@@ -75,6 +77,26 @@ def script_path(name: str | Path) -> Path:
     return path
 
 
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and all its descendants.
+
+    Killing torchrun's process group is not enough: torchrun starts each rank in a session of
+    its own (and so does a forked launch), so the ranks would outlive it and keep our output
+    pipe open.
+    """
+    import psutil
+
+    try:
+        parent = psutil.Process(pid)
+        family = parent.children(recursive=True) + [parent]  # collect before killing: orphans get re-parented
+    except psutil.NoSuchProcess:
+        return
+    for p in family:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+    psutil.wait_procs(family, timeout=10)
+
+
 def child_env() -> dict:
     """The environment of a launched script: unbuffered output, no progress bars."""
     env = dict(os.environ)
@@ -89,14 +111,18 @@ def child_env() -> dict:
 def _run(command: list[str], timeout: float, cwd: Path, expect_json: Path | None, check: bool,
          fork: tuple[Path, list[str], int | None] | None = None) -> RunResult:
     """Run ``command``; with ``fork`` (script, args, ranks or ``None`` for a plain process), fork
-    the ranks from the launch server instead when one runs (:mod:`ppbook.zygote`): the same
-    script, argv and environment, without paying torch's imports again."""
+    the ranks from the launch server instead when one runs (:mod:`ppbook_tools.zygote`): the
+    same script, argv and environment, without paying torch's imports again."""
     env = child_env()
     t0 = time.perf_counter()
-    try:
-        forked = zygote.run(*fork, cwd=cwd, env=env, timeout=timeout) if fork is not None else None
-    except zygote.Timeout as e:
-        raise LaunchError(_timed_out(command, timeout, e.output)) from None
+    forked = None
+    if fork is not None and os.environ.get(SERVER_ENV) and os.environ.get(LAUNCHER_ENV) != "torchrun":
+        from ppbook_tools import zygote  # the build's plumbing: only where it started a server
+
+        try:
+            forked = zygote.run(*fork, cwd=cwd, env=env, timeout=timeout)
+        except zygote.Timeout as e:
+            raise LaunchError(_timed_out(command, timeout, e.output)) from None
     if forked is not None:
         returncode, output = forked
     else:

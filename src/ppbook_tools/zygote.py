@@ -1,7 +1,8 @@
 """Start a script's ranks by forking a process that has imported torch already: the book's build
 and the tests launch scripts this way, readers' notebooks and shells use torchrun itself.
 
-Not in any chapter: :mod:`ppbook.launch` uses it when ``PPBOOK_ZYGOTE`` names a running server.
+Plumbing, not in any chapter: :mod:`ppbook.launch` imports it only when ``PPBOOK_ZYGOTE`` names
+a running server.
 
 Why: a two-rank ``torchrun`` launch on a laptop CPU spends about 12 CPU-seconds before the
 script's first line runs. torchrun and each rank import torch (about 2.5 s each), and the ranks
@@ -43,8 +44,9 @@ import time
 import uuid
 from pathlib import Path
 
-ENV = "PPBOOK_ZYGOTE"  # the server's socket path, for every process that may launch a script
-FORCE_TORCHRUN = "PPBOOK_LAUNCHER"  # "torchrun": never fork
+from ppbook.launch import LAUNCHER_ENV as FORCE_TORCHRUN  # "torchrun": never fork
+from ppbook.launch import SERVER_ENV as ENV  # the server's socket path, for every process that may launch
+from ppbook.launch import kill_tree
 # Imported once by the server: everything a companion script imports that takes long.
 PRELOAD = ("numpy", "torch", "torch.distributed.pipelining", "torch.distributed.checkpoint",
            "torch.distributed.fsdp", "torch.distributed.tensor", "torch.nn.parallel", "tqdm", "tqdm.auto",
@@ -132,7 +134,7 @@ def run(script: Path, args: list[str], nproc: int | None, cwd: Path, env: dict,
             kill_tree(handler)
             raise Timeout(output)
         if not status:  # the handler was killed before it could say how the ranks ended
-            return 1, output + "\nppbook.zygote: the launch's handler died before its ranks' exit status came back\n"
+            return 1, output + "\nppbook_tools.zygote: the launch's handler died before its ranks' exit status came back\n"
         return status["returncode"], output
     finally:
         os.close(read_end)
@@ -150,26 +152,6 @@ def _receive(sock: socket.socket, deadline: float) -> dict | None:
     return json.loads(data) if data else {}
 
 
-def kill_tree(pid: int) -> None:
-    """SIGKILL a process and all its descendants.
-
-    Killing torchrun's process group is not enough: torchrun starts each rank in a session of
-    its own (and so does a forked launch), so the ranks would outlive it and keep our output
-    pipe open.
-    """
-    import psutil
-
-    try:
-        parent = psutil.Process(pid)
-        family = parent.children(recursive=True) + [parent]  # collect before killing: orphans get re-parented
-    except psutil.NoSuchProcess:
-        return
-    for p in family:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            p.kill()
-    psutil.wait_procs(family, timeout=10)
-
-
 # ----------------------------------------------------------------------------- starting a server
 
 def start(env: dict, log: Path | None = None) -> subprocess.Popen:
@@ -180,7 +162,7 @@ def start(env: dict, log: Path | None = None) -> subprocess.Popen:
     folder = Path(tempfile.mkdtemp(prefix="ppbook-zygote-"))
     path = folder / "socket"
     out = open(log or folder / "log", "ab")
-    server = subprocess.Popen([sys.executable, "-u", "-m", "ppbook.zygote", str(path), str(os.getpid())],
+    server = subprocess.Popen([sys.executable, "-u", "-m", "ppbook_tools.zygote", str(path), str(os.getpid())],
                               env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                               start_new_session=True)
     out.close()
