@@ -298,8 +298,8 @@ def compare(mods, ref: dict) -> dict:
 
 # [start-probe]
 def probe_all_to_all(info, numel: int) -> dict:
-    """What all_to_all_single does on this backend, on this launch's ranks; and the least time
-    one takes, back to back, for a buffer of ``numel`` float32 values (a layer's)."""
+    """What all_to_all_single does on this backend, on this launch's ranks; and the
+    least time one takes, back to back, for ``numel`` float32 values (a layer's)."""
     w, r = info.world_size, info.rank
     facts = {}
     x = torch.arange(2.0 * w) + 100 * r  # chunk k (two values) goes to rank k
@@ -338,8 +338,8 @@ def probe_all_to_all(info, numel: int) -> dict:
         start = time.perf_counter()
         dist.all_to_all_single(y, x)
         seconds.append(time.perf_counter() - start)
-    # the fastest: what moving the bytes takes when both ranks have a core at once (the median
-    # moves with the machine's load; the least of a hundred hardly does)
+    # the fastest: what moving the bytes takes when both ranks have a core at once
+    # (the median moves with the machine's load; the least of a hundred hardly does)
     facts["seconds back to back"] = min(seconds)
     return facts
 # [end-probe]
