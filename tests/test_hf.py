@@ -302,8 +302,8 @@ def test_hugging_face_to_pipeline_to_training_to_hugging_face(folder, tmp_path):
                         nproc=3, timeout=300)
     assert r.data["match"] and r.data["layers_per_stage"] == assign_layers(CFG.n_layers, 3)
     trained = Llama(CFG)
-    trained.load_state_dict(torch.load(ckpt.export(tmp_path / "ckpt" / "step-000002", tmp_path / "m.pt"),
-                                       weights_only=True), strict=True)
+    exported = ckpt.export(tmp_path / "ckpt" / "step-000002", tmp_path / "m.pt")
+    trained.load_state_dict(torch.load(exported, weights_only=True), strict=True)
     theirs, start = transformers.LlamaForCausalLM.from_pretrained(out), transformers.LlamaForCausalLM.from_pretrained(folder)
     with torch.no_grad():
         torch.testing.assert_close(theirs(tokens()).logits, trained(tokens()), rtol=0, atol=hf.TOLERANCE)

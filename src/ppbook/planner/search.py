@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 
 from ppbook.fsdp_window import MAX_ACTIVE_STAGES, StageGroups, fsdp_step
 from ppbook.planner import costs, memory, schedules, shapes, traffic
@@ -809,8 +809,6 @@ SLACK = 0.05  # the search lists the layouts within this fraction of the winner'
 
 def request_defaults() -> dict:
     """Every default of :class:`Request` (what the planner page fills in, never typed twice)."""
-    from dataclasses import MISSING, fields
-
     return {f.name: list(f.default) if isinstance(f.default, tuple) else f.default
             for f in fields(Request) if f.default is not MISSING}
 
