@@ -26,6 +26,7 @@ import os
 import sys
 import threading
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -350,6 +351,25 @@ def cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
 
+def cpu_ticks() -> tuple[int, int] | None:
+    """(idle, total) clock ticks of the cores this process may run on, since boot, from Linux's
+    /proc/stat (None elsewhere): over a step, the share of those cores that nobody used, this
+    job and every other process on the machine included."""
+    mine = {f"cpu{c}" for c in os.sched_getaffinity(0)} if hasattr(os, "sched_getaffinity") else None
+    try:
+        lines = Path("/proc/stat").read_text().splitlines()
+    except OSError:
+        return None
+    idle = total = 0
+    for line in lines:
+        name, *ticks = line.split()
+        if name.startswith("cpu") and name != "cpu" and (mine is None or name in mine):
+            ticks = [int(t) for t in ticks]
+            idle += ticks[3] + ticks[4]  # idle and iowait
+            total += sum(ticks[:8])  # user nice system idle iowait irq softirq steal
+    return (idle, total) if total else None
+
+
 class Run:
     """One run of the launch (a schedule, a way of handling the balancing loss, the overlap
     or not): this rank's stages and optimizer, trained one step at a time."""
@@ -371,9 +391,11 @@ class Run:
         dist.barrier()
         self.rec.start_step()
         ep.trace.clear()
-        t0, cpu0 = time.perf_counter(), time.process_time()
+        t0, cpu0, ticks0 = time.perf_counter(), time.process_time(), cpu_ticks()
         mb_losses = driver.schedule_step(self.schedule, self.info, tokens, targets, **self.holds)
-        seconds, cpu = time.perf_counter() - t0, time.process_time() - cpu0  # cpu: all threads
+        seconds, cpu, ticks = time.perf_counter() - t0, time.process_time() - cpu0, cpu_ticks()  # cpu: all threads
+        idle = (None if ticks is None or ticks0 is None or ticks[1] <= ticks0[1]
+                else (ticks[0] - ticks0[0]) / (ticks[1] - ticks0[1]))  # the machine's, the same on every rank
         sync_grads(self.mods, ep)
         last = step == args.warmup + args.steps - 1
         if last:
@@ -382,7 +404,7 @@ class Run:
         if last:
             self.diff["weight"] = compare(self.mods, ref)["weight"]  # and updated weights
         self.ce_losses.append(sum(loss.item() for loss in mb_losses) / len(mb_losses) if mb_losses else None)
-        rows = gather_to_rank0((timeline.to_json(self.rec.events), list(ep.trace), seconds, cpu))
+        rows = gather_to_rank0((timeline.to_json(self.rec.events), list(ep.trace), seconds, cpu, idle))
         if step >= args.warmup and rows is not None:
             self.records.append(step_record(rows))
 
@@ -398,6 +420,7 @@ def step_record(rows) -> dict:
     return {"seconds": max(row[2] for row in rows), "comm": comm,
             "cpu_seconds": [row[3] for row in rows],  # each rank's processor time, all threads
             "cores": cores(),  # that the processes may run on: their share of them is what an overlap can use
+            "idle_share": rows[0][4],  # of those cores over rank 0's step: left unused by every process
             "events": timeline.to_json(sorted(events, key=lambda e: e.start))}
 
 

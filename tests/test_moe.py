@@ -190,6 +190,26 @@ def test_busy_share_is_processor_time_over_the_cores_time():
     assert overlap.busy_share(records) == pytest.approx((0.5 + 0.75) / 2)
 
 
+def test_idle_share_is_what_nobody_used_and_falls_back_to_what_the_job_left():
+    """The CPU model's free share: the machine's idle share where the records carry it; without
+    it (no /proc/stat), one minus the job's own busy share."""
+    records = [{"cpu_seconds": [0.5, 0.5], "seconds": 1.0, "cores": 2, "idle_share": 0.1},
+               {"cpu_seconds": [1.0, 0.5], "seconds": 1.0, "cores": 2, "idle_share": 0.3}]
+    assert overlap.idle_share(records) == pytest.approx(0.2)  # not 1 - busy (0.375): others used the rest
+    records[1]["idle_share"] = None
+    assert overlap.idle_share(records) == pytest.approx(1 - overlap.busy_share(records))
+
+
+def test_cpu_ticks_count_idle_ticks_of_this_process_cores():
+    script = launch.load_script("13_moe.py")
+    before = script.cpu_ticks()
+    if before is None:
+        pytest.skip("no /proc/stat on this system: the records fall back to the job's busy share")
+    sum(i * i for i in range(200_000))  # some work between the readings
+    after = script.cpu_ticks()
+    assert 0 <= after[0] - before[0] <= after[1] - before[1] and after[1] >= before[1]
+
+
 def test_a_predicted_pair_replaces_the_measured_block():
     """Fed an overlapped step the simulator made with pairs of 2.25, the prediction with that pair
     cost gives the step back, and a longer pair gives a longer step."""
@@ -257,6 +277,8 @@ def test_pipelines_times_experts_on_four_processes_equal_one_process():
     check_matches(r.data, ["1F1B", "DualPipeV", "DualPipeV-overlap"])
     assert r.data["pp"] == 2 and r.data["ep"] == 2
     assert all(len(rec["comm"]) > 0 for run in r.data["runs"] for rec in run["records"])  # experts exchanged tokens
+    idle = [rec["idle_share"] for run in r.data["runs"] for rec in run["records"]]
+    assert idle and all(v is None or 0 <= v <= 1 for v in idle)  # a share of the cores' time (None: no /proc/stat)
     assert any(sum(c["routed"]) > sum(c["kept"]) for c in r.data["reference"]["counts"].values())  # some dropped
     ran_at_once(r.data, "DualPipeV-overlap", 2, 4)
 
