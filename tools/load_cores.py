@@ -53,6 +53,9 @@ def main(argv=None) -> int:
     print(f"load: {args.procs} busy processes ({', '.join(map(str, children))}) for at most {args.seconds:.0f} s",
           flush=True)
     status = 0
+    # stopped with SIGTERM (Popen.terminate, as the recording tools do): stop the load too, not
+    # only this process, or the busy children would run on for --seconds
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         if args.command:
             status = subprocess.call(args.command)
