@@ -40,13 +40,10 @@ PairOrder = dict[int, list[Item]]
 #: the same for a replay (every input measured on the run itself) and for the overlapped run
 #: predicted from the run without the overlap (its pairs from :func:`cpu_pair_cost`). A
 #: prediction from one run of another also carries how two runs of one launch differ on a
-#: shared machine, which a replay does not. Chapter 13's launch (4 processes, 2 cores, 8 steps
-#: per run), 13 launches: idle, beside 1, 2 and 4 busy processes, beside two processes busy
-#: by fits and starts, and beside the suite's own launches. Replays within 4.7%; the overlapped
-#: run predicted from the cores left idle (:func:`idle_share`) within 8.9% (the most beside 4
-#: busy processes, where the overlap's second thread wins turns from them), from the cores the
-#: job left to others (1 - :func:`busy_share`, which counts a core another process keeps busy
-#: as free) within 12.5%, and over 15% once in CI. 15% keeps the check true on a loaded machine.
+#: shared machine, which a replay does not. Chapter 13 holds the simulator to this bound on
+#: every launch of ``data/recorded/moe_overlap.json.gz`` (half of them beside two busy
+#: processes), not on the build's own launch, whose step times depend on what else the machine
+#: runs at that moment.
 STEP_TOLERANCE = 0.15
 
 
@@ -394,3 +391,71 @@ def plot(events: list[timeline.Event], comm: list[dict] | None = None, ax=None, 
     if title:
         ax.set_title(title, fontsize=10, loc="left")
     return ax
+
+
+# ---------------------------------------------------------------------------------------------
+# One launch, assessed
+# ---------------------------------------------------------------------------------------------
+#: The runs of chapter 13's launch that the simulator is held to: 1F1B and DualPipeV replayed,
+#: DualPipeV with the overlap predicted from DualPipeV without it.
+SHOWN = ("1F1B", "DualPipeV", "DualPipeV-overlap")
+
+
+def assess(data: dict, draws: int = 20) -> dict:
+    """What chapter 13 reads from one launch of ``scripts/13_moe.py`` (its ``--json``): for each
+    run of :data:`SHOWN`, the measured and simulated mean step (:func:`predicted_step_time`; the
+    overlapped run predicted with :func:`cpu_pair_cost` from DualPipeV's pairs and the cores left
+    idle while DualPipeV ran), each error in percent of the measured; the prediction from one
+    minus DualPipeV's own busy share instead; the bracket of a share of 0 (nothing hidden) and 1
+    (a perfect overlap); the measured gain over DualPipeV's median step; and the pairs' inside
+    (:func:`pair_stats`) without and with the overlap. The same function serves the launch the
+    page makes and every launch recorded in ``data/recorded/moe_overlap.json.gz``.
+
+    ``pair(share)`` in the result is the CPU model's pair cost for that free share, for drawing."""
+    runs = {r["run"]: r for r in data["runs"]}
+    p, m = data["pp"], data["microbatches"]
+    orders = {n: pair_order(runs[n]["schedule"], p, m) for n in SHOWN}
+    order = orders["DualPipeV"]
+
+    def steps(name):
+        return [timeline.from_json(rec["events"]) for rec in runs[name]["records"]]
+
+    def recs(name):
+        return [(timeline.from_json(r["events"]), r["comm"]) for r in runs[name]["records"]]
+
+    split = pair_split(recs("DualPipeV"), order)  # (compute, all-to-all) of each half, not overlapped
+    busy = {n: busy_share(runs[n]["records"]) for n in SHOWN}
+    idle = {n: idle_share(runs[n]["records"]) for n in SHOWN}
+    free = idle["DualPipeV"]
+
+    def pair(share: float) -> Callable[[Action, Action], float]:
+        return lambda f, b: cpu_pair_cost(split[(f.stage, f.kind)], split[(b.stage, b.kind)], share)
+
+    sim = {n: predicted_step_time(steps(n), orders[n], False, draws=draws) for n in SHOWN[:2]}
+    overlapped = steps(SHOWN[2])
+    sim[SHOWN[2]] = predicted_step_time(overlapped, order, True, draws=draws, pair=pair(free))
+    measured = sim[SHOWN[2]][0]
+    ends = {share: predicted_step_time(overlapped, order, True, draws=draws, pair=pair(share))[1]
+            for share in (0.0, 1.0)}
+    busy_model = predicted_step_time(overlapped, order, True, draws=draws, pair=pair(1 - busy["DualPipeV"]))[1]
+    serial, both = pair_stats(recs("DualPipeV"), order), pair_stats(recs(SHOWN[2]), order)
+    halves = (serial["compute"], serial["all_to_all"])  # a typical half, not overlapped
+    median = {n: runs[n]["median_step_seconds"] for n in SHOWN}
+    return {
+        "orders": orders, "pair": pair, "free": free, "busy": busy, "idle": idle,
+        "cpu_seconds": {n: sum(sum(r["cpu_seconds"]) for r in runs[n]["records"]) / len(runs[n]["records"])
+                        for n in SHOWN},
+        "cores": runs["1F1B"]["records"][0]["cores"],
+        "measured": {n: a for n, (a, _) in sim.items()}, "simulated": {n: b for n, (_, b) in sim.items()},
+        "error_pct": {n: 100 * (b / a - 1) for n, (a, b) in sim.items()},
+        "busy_model_error_pct": 100 * (busy_model / measured - 1),
+        "nothing_hidden": ends[0.0], "perfect": ends[1.0],
+        "in_bracket": ends[1.0] * (1 - STEP_TOLERANCE) <= measured <= ends[0.0] * (1 + STEP_TOLERANCE),
+        "gain_vs_nothing_hidden": 1 - measured / ends[0.0],
+        "median": median, "gain_vs_dualpipev": 1 - median[SHOWN[2]] / median["DualPipeV"],
+        "in_all_to_alls": {n: sum(comm_share(e, c) for e, c in recs(n)) / len(runs[n]["records"]) for n in SHOWN},
+        "per_call": median_comm([c for rec in runs["1F1B"]["records"] for c in rec["comm"]]),
+        "serial": serial, "overlapped": both,
+        "pair_perfect": pair_cost(halves, halves, overlap=True),
+        "pair_modelled": cpu_pair_cost(halves, halves, free),
+    }
