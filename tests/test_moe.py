@@ -271,10 +271,17 @@ def test_overlap_with_the_v_on_one_rank_and_experts_over_two():
 def test_pipelines_times_experts_on_four_processes_equal_one_process():
     """PP = 2 x EP = 2: two pipelines whose stages share their experts; 1F1B, DualPipeV, and
     DualPipeV with the overlap, in float64 against one process (the chapter runs the same in
-    float32 with the timings)."""
-    r = launch.torchrun("13_moe.py", ["--pp", "2", "--ep", "2", "--runs", "1F1B", "DualPipeV", "DualPipeV-overlap",
+    float32 with the timings); and the balancing loss's two pitfalls across stages, off by far
+    more than rounding."""
+    runs = ["1F1B", "DualPipeV", "DualPipeV-overlap", "aux-ignored", "aux-over-m"]
+    r = launch.torchrun("13_moe.py", ["--pp", "2", "--ep", "2", "--runs", *runs,
                                       "--microbatches", "4", "--batch-size", "8", *SMALL], nproc=4, timeout=300)
-    check_matches(r.data, ["1F1B", "DualPipeV", "DualPipeV-overlap"])
+    assert [x["run"] for x in r.data["runs"]] == runs
+    pitfalls = r.data["runs"][3:]
+    r.data["runs"] = r.data["runs"][:3]
+    check_matches(r.data, runs[:3])
+    for run in pitfalls:  # the router trains wrongly, with no error
+        assert not run["match"] and run["max_diff"]["router"] > 1e-6, run["run"]
     assert r.data["pp"] == 2 and r.data["ep"] == 2
     assert all(len(rec["comm"]) > 0 for run in r.data["runs"] for rec in run["records"])  # experts exchanged tokens
     idle = [rec["idle_share"] for run in r.data["runs"] for rec in run["records"]]
@@ -342,3 +349,20 @@ def test_bad_flags_one_line(args, message, nproc):
     from conftest import assert_one_line_error
 
     assert_one_line_error("13_moe.py", args, message, nproc=nproc)
+
+
+def test_the_recorded_launches_are_what_assess_reads():
+    """Chapter 13 asserts its step-time conclusions on data/recorded/moe_overlap.json.gz: every
+    launch there equals one process and carries what overlap.assess reads (a quick pass, few draws;
+    the build runs the full one)."""
+    import gzip
+    import json
+
+    with gzip.open(launch.repo_root() / "data" / "recorded" / "moe_overlap.json.gz", "rt") as f:
+        record = json.load(f)
+    assert record["meta"]["command"].endswith("scripts/13_moe.py --pp 2 --ep 2 --check --probe-gloo")
+    assert any(one["loaded"] for one in record["launches"]) and not all(one["loaded"] for one in record["launches"])
+    for one in record["launches"]:
+        assert [r["run"] for r in one["data"]["runs"]] == list(overlap.SHOWN) and all(r["match"] for r in one["data"]["runs"])
+    a = overlap.assess(record["launches"][0]["data"], draws=2)
+    assert set(a["error_pct"]) == set(overlap.SHOWN) and 0 < a["perfect"] < a["nothing_hidden"]
