@@ -20,10 +20,26 @@ import torch
 AUTOCAST = {"bfloat16": torch.bfloat16}
 PARAM_DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.float32}
 
-# Pipeline and one-process run do the same operations on the same shapes in the same order, so
-# under bfloat16 they agree far better than bfloat16's own resolution; what can differ is which
-# kernel a library picks for a microbatch (its blocking, hence its rounding). A few rounding
-# units of bfloat16 (2^-8 = 0.4% relative) on the loss, gradient norms and weights bound that.
+# The largest absolute difference a script's --check accepts between its pipeline and its
+# one-process reference, on losses, gradients and updated weights (all of order one here).
+# - Where the pipeline and the reference do the same operations on the same shapes in the same
+#   order (the references sum the microbatches' gradients, then divide by m, as torch's
+#   schedules do), they agree to the bit on a CPU, and the tests hold chapters 1, 3 and 14 and
+#   appendix A to 0. The tolerance is for what is not the same arithmetic: a layout that sums in
+#   another order than one process (data, expert and tensor parallelism reduce over ranks), and
+#   a GPU library that picks another kernel for a microbatch than for the whole batch.
+# - float32: 1e-5 is about 80 units in the last place of a value of order one (2^-23 = 1.2e-7):
+#   a sum of n terms taken in another order differs by at most (n - 1) units of its terms'
+#   magnitude (Higham, Accuracy and Stability of Numerical Algorithms, section 4.2), with n the
+#   few ranks or microbatches reduced over, amplified by a few optimizer steps. A reference that
+#   rounds differently at every microbatch (scale-then-sum under AdamW, chapter 1's exercise)
+#   can exceed it, which is why the references do the schedules' arithmetic.
+# - float64: the same 80 units of 2^-52 would be 2e-14; 1e-10 is looser on purpose. A float64
+#   run is how the book shows that a float32 difference is rounding (it falls by about the ratio
+#   of the two precisions, 2^29), while a mistake (a gradient counted twice, a stage a step
+#   behind) leaves differences of the order of the update itself, 1e-4 and more, in either.
+# - bfloat16 (autocast, float32 master weights): the matrix products round to 2^-8 = 0.4%; a
+#   few of those units on the loss, gradient norms and weights: 2e-2.
 TOLERANCES = {"float32": 1e-5, "float64": 1e-10, "bfloat16": 2e-2}
 
 
