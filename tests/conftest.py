@@ -224,7 +224,7 @@ def built_pdf(built_book, request) -> Path:
 
 def assert_one_error_line(result, script: str, message: str) -> None:
     """Bad input: a non-zero exit and exactly one distinct ``<script>: error:`` line, saying ``message``
-    (every rank prints the same line; it counts once)."""
+    (rank 0 prints it, the others wait for it before they exit: :func:`ppbook.cli.run`)."""
     assert result.returncode != 0
     errors = sorted({line for line in result.output.splitlines() if line.startswith(f"{script}: error:")})
     assert len(errors) == 1 and message in errors[0], result.output

@@ -134,6 +134,7 @@ def test_a_published_build_has_repository_and_launch_buttons_and_a_bad_address_i
         assert f"btn-source-{button}-button" in html, button
     assert f'href="{url}"' in html and f"{url}/edit/main/book/page.md" in html and f"{url}/issues/new" in html
     assert "mybinder.org/v2/gh/someone/pp-book/notebooks?urlpath=lab/tree/book/page.ipynb" in html
+    assert "colab.research.google.com/github/someone/pp-book/blob/notebooks/book/page.ipynb" in html
     assert "btn-download-notebook-button" in html
     (tmp_path / "bad").mkdir()
     bad = _mini_book(tmp_path / "bad", "print(1)", repository="github.com/someone")
