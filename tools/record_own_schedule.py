@@ -10,7 +10,7 @@ repetition beside two busy processes (``tools/load_cores.py``), as on a loaded C
 chapter replays every recorded step with the simulator itself, so a change of the simulator is
 judged on the same measurements.
 
-    python tools/record_own_schedule.py --runs 8      # or: make record-own-schedule
+    python tools/record_own_schedule.py --runs 10     # or: make record-own-schedule
 
 Writes ``data/recorded/own_schedule.json``: ``meta`` (commands, machine, date, versions) and, per
 repetition, whether it was loaded, the load average before and after, and each launch's
@@ -68,7 +68,7 @@ def record_launch(name: str) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--runs", type=int, default=8, help="repetitions of both launches; every other one under load")
+    p.add_argument("--runs", type=int, default=10, help="repetitions of both launches; every other one under load")
     p.add_argument("--out", type=Path, default=ROOT / "data" / "recorded" / "own_schedule.json")
     args = p.parse_args(argv)
     if args.runs < 2:
