@@ -14,7 +14,7 @@ TORCH_PIN := $(shell grep -m1 '^torch==' requirements-reader.txt)
 
 NOTEBOOKS_BRANCH := $(shell sed -n 's/^ *ppbook_notebooks_branch: *\([^ #]*\).*/\1/p' _config.yml)
 
-.PHONY: book book-cached notebooks publish-notebooks pdf test test-fast test-scripts bench bench-schedules bench-plan bench-planner bench-compile page-times gpu-check browser-deps clean
+.PHONY: book book-cached notebooks publish-notebooks pdf test test-fast test-scripts bench bench-schedules bench-plan bench-planner bench-compile record-own-schedule page-times gpu-check browser-deps clean
 
 $(STAMP): requirements.txt requirements-reader.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] >= (3, 10) else "ppbook needs Python >= 3.10 (3.11 recommended), found " + sys.version.split()[0])'
@@ -88,6 +88,12 @@ bench-planner: $(STAMP)
 # checked against one process; the ratios are printed, never asserted. JSON in _build/bench/.
 bench-compile: $(STAMP)
 	$(BIN)/python tools/bench_compile.py
+
+# Chapter 14's two launches, ten times each under real torchrun, every other time with both cores
+# loaded (tools/load_cores.py): writes data/recorded/own_schedule.json, which the chapter asserts
+# on (several minutes; commit the file).
+record-own-schedule: $(STAMP)
+	$(BIN)/python tools/record_own_schedule.py --runs 10
 
 # Each page's execution seconds in the last `make book`, slowest first, against the budget of
 # about a minute per page on 2 cores (exit 1 when a page is over it); JSON in _build/bench/.

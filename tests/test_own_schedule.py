@@ -2,11 +2,11 @@
 
 The pure tests check the order generators (every action once, the right placement, no deadlock,
 torch's runtime accepts them, the papers' properties) and the checks of ``custom_schedules``;
-the torchrun tests run all eight schedules at p = 2 and 4 against one process in float64 and
-check that each rank ran the order the simulator is given, and every legal schedule's --check at
-m = 3, 5 and 6 on 2 and 3 ranks in float32 (bitwise). The chapter launches p = 2 in float32, the
-four split-backward schedules at p = 4 with small shapes, and the two failures; these launches do
-not repeat them.
+the torchrun tests run all eight schedules at p = 2 (with a ninth order from a --csv file) and
+p = 4 against one process, bitwise in float32, and check that each rank ran the order the
+simulator is given, and every legal schedule's --check at m = 3, 5 and 6 on 2 and 3 ranks. The
+chapter launches p = 2, the four split-backward schedules at p = 4 with small shapes, and the two
+failures; these launches do not repeat them.
 """
 
 from __future__ import annotations
@@ -176,20 +176,22 @@ def test_scripts_plans_are_torchs_orders(p):
 
 # --- the companion script under torchrun -----------------------------------------------------------
 SMALL = ["--dim", "32", "--seq-len", "8", "--batch-size", "8", "--heads", "4", "--steps", "1", "--warmup", "0",
-         "--dtype", "float64", "--check"]
+         "--check"]  # float32, the chapter's: bitwise equal to one process, as the chapter says
 
 
-def check_run(data: dict, p: int, schedules=None, tol: float = 1e-12):
-    """Every run of ``schedules`` (default: all eight) equals one process within ``tol``, each
-    hand-written one equals torch's bit for bit, and each rank ran its schedule's order."""
-    m, v = data["microbatches"], data["stages_per_rank"]
-    schedules = list(schedules or launch.load_script("14_own_schedule.py").SCHEDULES)
+def check_run(data: dict, p: int, schedules=None, tol: float = 0.0, csv: dict | None = None):
+    """Every run of ``schedules`` (default: all eight), and of ``csv`` ({path: order}) if given,
+    equals one process within ``tol``, each hand-written one equals torch's bit for bit, and
+    each rank ran its schedule's order."""
+    m, v, csv = data["microbatches"], data["stages_per_rank"], csv or {}
+    schedules = list(schedules or launch.load_script("14_own_schedule.py").SCHEDULES) + list(csv)
     assert data["match"] and [r["schedule"] for r in data["runs"]] == schedules
     assert data["hand_vs_torch"] == {h: 0.0 for h in ("1F1B-hand", "Interleaved1F1B-hand") if h in schedules}
     for run in data["runs"]:
         name = run["schedule"]
         assert run["match"] and run["max_grad_diff"] <= tol and abs(run["loss"] - run["reference_loss"]) <= tol, name
-        order = GENERATORS[name](p, m) if name in GENERATORS else simulate.order(name.removesuffix("-hand"), p, m, v)
+        order = (csv[name] if name in csv else GENERATORS[name](p, m) if name in GENERATORS
+                 else simulate.order(name.removesuffix("-hand"), p, m, v))
         events = timeline.from_json(run["events"])
         for rank in range(p):  # each rank ran the order the simulator is given
             ran = [e.label for e in sorted(events, key=lambda e: e.start) if e.rank == rank]
@@ -200,15 +202,20 @@ def check_run(data: dict, p: int, schedules=None, tol: float = 1e-12):
 
 
 @pytest.mark.torchrun
-def test_all_eight_match_one_process_at_2_ranks():
-    r = launch.torchrun("14_own_schedule.py", ["--layers", "4", "--microbatches", "4", *SMALL], nproc=2, timeout=300)
-    check_run(r.data, 2)
+def test_all_eight_and_a_csv_match_one_process_at_2_ranks(tmp_path):
+    """The same launch runs a ninth order from a CSV (ZB-H1's, which none of the eight is): the
+    path a reader's own order takes (--csv), checked like the others."""
+    zb_h1, path = simulate.zb_h1_order(2, 4), tmp_path / "zb_h1.csv"
+    path.write_text(custom_schedules.to_csv(zb_h1))
+    r = launch.torchrun("14_own_schedule.py", ["--layers", "4", "--microbatches", "4", "--csv", path, *SMALL],
+                        nproc=2, timeout=300)
+    check_run(r.data, 2, csv={str(path): zb_h1})
 
 
 @pytest.mark.torchrun
 def test_all_eight_match_one_process_at_4_ranks():
     r = launch.torchrun("14_own_schedule.py", ["--layers", "8", "--microbatches", "8", *SMALL], nproc=4, timeout=400)
-    check_run(r.data, 4)
+    check_run(r.data, 4)  # bitwise, as at 2 ranks
     by_name = {run["schedule"]: run for run in r.data["runs"]}
     held = {name: {int(k): n for k, n in by_name[name]["memory"]["peak_in_flight_most"].items()}
             for name in ("V-Half", "ZBVZeroBubble")}
@@ -228,7 +235,7 @@ def test_check_passes_at_3_5_and_6_microbatches(p):
                                                    "--layers", "6", "--dim", "32", "--seq-len", "8", "--steps", "1",
                                                    "--warmup", "0", "--check"], nproc=p, timeout=120, check=False)
         assert r.returncode == 0, f"{r.shell_command}\n{r.output[-3000:]}"
-        check_run(r.data, p, legal, tol=0.0)
+        check_run(r.data, p, legal)
 
 
 @pytest.mark.parametrize("args,message", [
