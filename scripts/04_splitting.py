@@ -36,7 +36,6 @@ import json
 import shutil
 import sys
 import tempfile
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -98,13 +97,22 @@ def validate(args: argparse.Namespace, num_stages: int) -> None:
         hf.require_libraries()  # one line, before any process group, when transformers is missing
     if args.hf_steps < 1:
         raise ValueError(f"--hf-steps must be at least 1, got {args.hf_steps}")
-    if args.hf_dir is not None:
-        cfg, _ = hf.read_config(args.hf_dir)  # a folder the book's Llama cannot load is refused here
+    if args.hf_dir is not None:  # a folder the book's Llama cannot load, or without safetensors, is refused here
+        cfg, _ = hf.read_folder(args.hf_dir)
         fits_batch("--hf-dir", args.hf_dir, cfg.vocab_size, cfg.max_seq_len, cfg.n_layers, args, num_stages)
-    if args.hf_model is not None and Path(args.hf_model, hf.CONFIG).is_file():  # a local folder (not a Hub name)
-        d = json.loads(Path(args.hf_model, hf.CONFIG).read_text())  # transformers' model: any Llama config
-        fits_batch("--hf-model", args.hf_model, d["vocab_size"], d["max_position_embeddings"],
-                   d["num_hidden_layers"], args, num_stages)
+    if args.hf_model is not None:
+        try:  # a local folder, or a Hub name: from the cache, or (not offline) downloaded in body
+            path = hf.hub_config(args.hf_model)
+        except ValueError as err:
+            raise ValueError(f"--hf-model {err}") from None
+        if path is not None:  # transformers' model: any Llama config
+            d = json.loads(path.read_text())
+            fits_batch("--hf-model", args.hf_model, d["vocab_size"], d["max_position_embeddings"],
+                       d["num_hidden_layers"], args, num_stages)
+            if d.get("tie_word_embeddings") and num_stages > 1 and "hf" in args.experiments:
+                raise ValueError(f"--hf-model {args.hf_model} ties its output head to its embedding, which 'hf' "
+                                 f"would split into two copies: launch it on one process, or use a folder with "
+                                 f"--from-hf of 07_checkpointing.py, which adds the copies' gradients")
 
 
 def fits_batch(flag: str, folder, vocab: int, positions: int, layers: int, args, num_stages: int) -> None:

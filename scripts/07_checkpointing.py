@@ -88,8 +88,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def validate(args: argparse.Namespace, world_size: int) -> None:
-    if args.from_hf:  # the model's shape is the folder's: a config the book's Llama cannot load is refused here
-        cfg, _ = hf.read_config(args.from_hf)
+    args.hf_tied = False
+    if args.from_hf:  # the model's shape is the folder's: a folder the book's Llama cannot load is refused here
+        cfg, args.hf_tied = hf.read_folder(args.from_hf)
         args.model, args.vocab, args.dim, args.layers, args.heads = "llama", cfg.vocab_size, cfg.dim, cfg.n_layers, cfg.n_heads
         if args.seq_len > cfg.max_seq_len:
             raise ValueError(f"--seq-len {args.seq_len} exceeds the {cfg.max_seq_len} positions of {args.from_hf}")

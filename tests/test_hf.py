@@ -47,6 +47,14 @@ def folder(tmp_path_factory):
     return path
 
 
+@pytest.fixture(scope="module")
+def tied_folder(tmp_path_factory):
+    """The same, of a model whose head is its embedding matrix (tie_word_embeddings)."""
+    path = tmp_path_factory.mktemp("hf-llama-tied")
+    hf_llama(seed=1, tie_word_embeddings=True).save_pretrained(path)
+    return path
+
+
 def tokens(cfg: LlamaConfig = CFG, batch: int = 2):
     return torch.randint(0, cfg.vocab_size, (batch, cfg.max_seq_len), generator=torch.Generator().manual_seed(3))
 
@@ -319,6 +327,33 @@ def test_hugging_face_to_pipeline_to_training_to_hugging_face(folder, tmp_path):
 ])
 def test_bad_input_one_line(script, args, message):
     assert_one_line_error(script, args, message)
+
+
+def test_a_folder_without_safetensors_is_refused_in_one_line(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(hf.config_to_hf(CFG)))
+    torch.save(build_model(CFG).state_dict(), tmp_path / "pytorch_model.bin")  # what older folders hold
+    convert = f"M.from_pretrained('{tmp_path}').save_pretrained('{tmp_path}')"
+    fits = ["--seq-len", CFG.max_seq_len, "--vocab", CFG.vocab_size]  # the folder is the only problem
+    for script, args in [("07_checkpointing.py", ["--from-hf", tmp_path, *fits]),
+                         ("04_splitting.py", ["--experiments", "hf-weights", "--hf-dir", tmp_path, *fits])]:
+        assert_one_line_error(script, args, f"{tmp_path} has pytorch_model.bin but no *.safetensors")
+        assert_one_line_error(script, args, convert)
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"lm_head.weight": "a.safetensors"}}))
+    assert_one_line_error("07_checkpointing.py", ["--from-hf", tmp_path, *fits], "lists 1 files, of which 1 are missing")
+
+
+def test_a_model_that_is_neither_a_folder_nor_a_downloaded_hub_name_is_refused_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # as every launch has it
+    for name, message in [("/nonexistent/model", "no such folder, and not a Hub name"),
+                          (tmp_path, "has no config.json"),
+                          ("ppbook-tests/never-downloaded", "not in the local cache, and HF_HUB_OFFLINE is set")]:
+        assert_one_line_error("04_splitting.py", ["--experiments", "hf", "--hf-model", name], f"--hf-model {name}")
+        assert_one_line_error("04_splitting.py", ["--experiments", "hf", "--hf-model", name], message)
+
+
+def test_a_tied_model_split_by_hf_is_refused_in_one_line(tied_folder):
+    args = ["--experiments", "hf", "--hf-model", tied_folder, "--vocab", CFG.vocab_size, "--seq-len", CFG.max_seq_len]
+    assert_one_line_error("04_splitting.py", args, "ties its output head to its embedding")
 
 
 def test_a_folder_the_books_llama_cannot_load_is_refused_in_one_line(tmp_path):

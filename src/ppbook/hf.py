@@ -174,6 +174,55 @@ def read_config(folder: str | Path) -> tuple[LlamaConfig, bool]:
     return config_from_hf(json.loads(path.read_text()))
 
 
+def read_folder(folder: str | Path) -> tuple[LlamaConfig, bool]:
+    """:func:`read_config`, and a ``ValueError`` in one line unless the folder's weights are
+    safetensors that :func:`load_stage` can read tensor by tensor: called before any process
+    group, so that a folder of ``pytorch_model.bin`` is refused there, not in every rank."""
+    found = read_config(folder)
+    folder = Path(folder)
+    if (folder / INDEX).is_file():
+        shards = sorted(set(json.loads((folder / INDEX).read_text())["weight_map"].values()))
+        missing = [f for f in shards if not (folder / f).is_file()]
+        if missing:
+            raise ValueError(f"{folder}/{INDEX} lists {len(shards)} files, of which {len(missing)} are missing "
+                             f"(e.g. {missing[0]}): download the folder again")
+    elif not (folder / WEIGHTS).is_file():
+        other = sorted(f.name for f in folder.glob("*.bin")) or ["no weights"]
+        raise ValueError(f"{folder} has {', '.join(other)} but no *.safetensors (each rank reads only its own tensors "
+                         f"from safetensors): convert it once with python -c \"from transformers import "
+                         f"AutoModelForCausalLM as M; M.from_pretrained('{folder}').save_pretrained('{folder}')\"")
+    return found
+
+
+def hub_config(name: str) -> Path | None:
+    """Where ``from_pretrained(name)`` finds its ``config.json`` without the network: a local
+    folder's, or the Hugging Face cache's for a Hub name downloaded before; ``None`` for a Hub name
+    that ``from_pretrained`` will download. A ``ValueError`` in one line for a path that is not a
+    model's folder, and for a Hub name not in the cache while the Hub is switched off
+    (``HF_HUB_OFFLINE=1``, which :func:`ppbook.launch.child_env` sets for every launch)."""
+    import os
+
+    from huggingface_hub import try_to_load_from_cache
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    if Path(name).exists():
+        if not Path(name, CONFIG).is_file():
+            raise ValueError(f"{name} has no {CONFIG}: pass a folder saved by save_pretrained, or a Hub name (owner/name)")
+        return Path(name, CONFIG)
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        raise ValueError(f"{name}: no such folder, and not a Hub name (owner/name): pass a folder with a "
+                         f"{CONFIG} (save_pretrained's), or a name such as TinyLlama/TinyLlama-1.1B-Chat-v1.0") from None
+    cached = try_to_load_from_cache(name, CONFIG)
+    if isinstance(cached, str):
+        return Path(cached)
+    if os.environ.get("HF_HUB_OFFLINE", "").upper() in {"1", "ON", "YES", "TRUE"}:
+        raise ValueError(f"{name} is a Hub name, not in the local cache, and HF_HUB_OFFLINE is set (the book's launcher "
+                         f"sets it): download it first (hf download {name}), or run with plain torchrun and HF_HUB_OFFLINE unset")
+    return None
+
+
 # --- weights in -----------------------------------------------------------------------------
 def weight_files(folder: str | Path) -> dict[str, Path]:
     """Which file of ``folder`` holds each Hugging Face tensor: one ``model.safetensors``, or the
@@ -266,7 +315,7 @@ def load_stage(folder: str | Path, stage_index: int = 0, num_stages: int = 1,
     weights of a Hugging Face folder, reading only this stage's tensors."""
     from safetensors import safe_open
 
-    cfg, tied = read_config(folder)
+    cfg, tied = read_folder(folder)
     with torch.device("meta"):  # shapes only: the full model never exists
         model = Llama(cfg)
     stage_module(model, stage_index, num_stages, layers).to_empty(device="cpu")
