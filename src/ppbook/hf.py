@@ -125,8 +125,9 @@ def tensor_to_hf(name: str, t: torch.Tensor, cfg: LlamaConfig) -> tuple[str, tor
 
 
 # --- config.json ----------------------------------------------------------------------------
-def config_to_hf(cfg: LlamaConfig, dtype: torch.dtype = torch.float32) -> dict:
-    """The ``config.json`` of a ``LlamaForCausalLM`` that computes what the book's Llama does."""
+def config_to_hf(cfg: LlamaConfig, dtype: torch.dtype = torch.float32, tied: bool = False) -> dict:
+    """The ``config.json`` of a ``LlamaForCausalLM`` that computes what the book's Llama does
+    (``tied``: its output head is its embedding matrix, stored once)."""
     return {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama",
         "vocab_size": cfg.vocab_size, "hidden_size": cfg.dim, "intermediate_size": cfg.ffn_hidden_dim,
@@ -135,7 +136,7 @@ def config_to_hf(cfg: LlamaConfig, dtype: torch.dtype = torch.float32) -> dict:
         "max_position_embeddings": cfg.max_seq_len, "rms_norm_eps": cfg.norm_eps,
         "rope_theta": cfg.rope_theta, "rope_scaling": None, "hidden_act": "silu",
         "attention_bias": False, "mlp_bias": False, "attention_dropout": 0.0,
-        "tie_word_embeddings": False, "use_cache": True,
+        "tie_word_embeddings": tied, "use_cache": True,
         "dtype": str(dtype).removeprefix("torch."),
     }
 
@@ -312,7 +313,9 @@ def load_stage(folder: str | Path, stage_index: int = 0, num_stages: int = 1,
                layers: list[int] | None = None, dtype: torch.dtype = torch.float32,
                device: torch.device | str = "cpu") -> Llama:
     """Stage ``stage_index`` of ``num_stages`` of the book's Llama with the
-    weights of a Hugging Face folder, reading only this stage's tensors."""
+    weights of a Hugging Face folder, reading only this stage's tensors.
+    A tied folder's head is a copy of its embedding: training must add
+    the two copies' gradients (chapter 7's add_tied_grads)."""
     from safetensors import safe_open
 
     cfg, tied = read_folder(folder)
@@ -337,9 +340,11 @@ def load_stage(folder: str | Path, stage_index: int = 0, num_stages: int = 1,
 
 # --- weights out ----------------------------------------------------------------------------
 def save(state_dict: dict[str, torch.Tensor], cfg: LlamaConfig, folder: str | Path,
-         dtype: torch.dtype | None = None) -> Path:
+         dtype: torch.dtype | None = None, tied: bool = False) -> Path:
     """Write the book's full-model ``state_dict`` as a Hugging Face folder:
-    model.safetensors (transformers' names and rotary rows) and config.json."""
+    model.safetensors (transformers' names and rotary rows) and config.json.
+    ``tied``: the head equals the embedding and is stored once, as
+    transformers stores a tied model."""
     from safetensors.torch import save_file
 
     missing = sorted(set(full_names(cfg)) - set(state_dict))
@@ -347,6 +352,12 @@ def save(state_dict: dict[str, torch.Tensor], cfg: LlamaConfig, folder: str | Pa
         raise ValueError(f"the state dict lacks {len(missing)} tensors of the "
                          f"full model (e.g. {missing[0]}): pass a model's, "
                          f"not a stage's")
+    state_dict = dict(state_dict)
+    if tied:  # the two copies trained as one matrix: equal to the last bit
+        head = state_dict.pop("output.weight")
+        if not torch.equal(head, state_dict["tok_embeddings.weight"]):
+            raise ValueError("tied=True, but the head differs from the embedding: "
+                             "were the two copies' gradients added each step?")
     out = {}
     for name, t in state_dict.items():
         hf_name, t = tensor_to_hf(name, t.detach().cpu(), cfg)
@@ -354,7 +365,7 @@ def save(state_dict: dict[str, torch.Tensor], cfg: LlamaConfig, folder: str | Pa
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     save_file(out, folder / WEIGHTS, metadata={"format": "pt"})  # as transformers saves
-    config = config_to_hf(cfg, dtype or next(iter(out.values())).dtype)
+    config = config_to_hf(cfg, dtype or next(iter(out.values())).dtype, tied)
     (folder / CONFIG).write_text(json.dumps(config, indent=1))
     return folder
 
@@ -365,7 +376,7 @@ def full_names(cfg: LlamaConfig) -> list[str]:
 
 
 def export(checkpoint: str | Path, folder: str | Path, cfg: LlamaConfig,
-           dtype: torch.dtype | None = None) -> Path:
+           dtype: torch.dtype | None = None, tied: bool = False) -> Path:
     """A pipeline's DCP checkpoint (any number of stages) as a Hugging
     Face folder that ``LlamaForCausalLM.from_pretrained`` loads; in one
     process, like :func:`ppbook.checkpoint.export`."""
@@ -373,7 +384,7 @@ def export(checkpoint: str | Path, folder: str | Path, cfg: LlamaConfig,
 
     with tempfile.TemporaryDirectory(prefix="ppbook-hf-") as tmp:
         single = ckpt.export(checkpoint, Path(tmp) / "model.pt")
-        return save(torch.load(single, weights_only=True), cfg, folder, dtype)
+        return save(torch.load(single, weights_only=True), cfg, folder, dtype, tied)
 
 
 # --- a transformers model as a chain --------------------------------------------------------
