@@ -1,9 +1,10 @@
 """Hugging Face in and out (ppbook.hf; chapters 4 and 7). In one process: the name mapping and
 the rotary row order both ways, configs, the book's Llama against transformers' on the same
-files (p = 1 is one process), sharded and tied folders, the Chain. Under torchrun:
-transformers' model through the pipeline at 3 stages, the book's stages from Hugging Face files
-at p = 2 and 3, the model traced as transformers builds it failing at 3 stages, and Hugging
-Face -> pipeline -> train -> Hugging Face.
+files (p = 1 is one process), sharded and tied folders, the Chain, bad folders refused in one
+line. Under torchrun: transformers' model through the pipeline at 2 and 3 stages, the book's
+stages from Hugging Face files at p = 2 and 3, the model traced as transformers builds it failing
+at 3 stages, and Hugging Face -> pipeline -> train -> Hugging Face on a tied model, against
+transformers' own model trained in this process.
 
 Nothing is downloaded: every model is built from a small config with random weights."""
 
@@ -16,6 +17,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local folder only, never the n
 
 import pytest
 import torch
+import transformers  # pinned (requirements-reader.txt): a CI without it fails here, it does not skip
 
 from conftest import assert_one_line_error
 from ppbook import checkpoint as ckpt
@@ -23,7 +25,6 @@ from ppbook import hf, launch, workload
 from ppbook.models import Llama, LlamaConfig, apply_rope, build_model
 from ppbook.stages import assign_layers, stage_module
 
-transformers = pytest.importorskip("transformers")
 transformers.utils.logging.disable_progress_bar()
 CFG = LlamaConfig(vocab_size=96, dim=32, n_layers=5, n_heads=4, n_kv_heads=2, ffn_hidden_dim=48, max_seq_len=16)
 
@@ -269,32 +270,41 @@ def test_transformers_llama_through_three_stages_and_book_stages_from_its_files(
         assert run["match"] and run["layers_per_stage"] == assign_layers(5, 3), run
         assert max(s["max_weight_diff"] for s in run["stages"]) <= 1e-6
     w = r.data["hf_weights"]
-    assert w["match"] and w["max_logit_diff"] <= hf.TOLERANCE
-    assert_each_rank_read_its_own(w, 3)
+    assert w["match"] is True and w["max_logit_diff"] <= hf.TOLERANCE
+    script = launch.load_script("04_splitting.py")
+    assert_each_rank_read_its_own(w, 3, script.config("llama", script.parse_args([str(a) for a in small])))
 
 
-def assert_each_rank_read_its_own(w: dict, nproc: int) -> None:
+def assert_each_rank_read_its_own(w: dict, nproc: int, cfg: LlamaConfig) -> None:
     """The script's hf-weights result: what safetensors served each rank (hf.record_reads in the
-    script) is that rank's own tensors, once, and the ranks together read the whole folder."""
-    everything = sorted(hf.to_hf_name(n) for n in hf.full_names(LlamaConfig(n_layers=w["n_layers"])))
-    assert len(w["stages"]) == nproc and w["tensors_in_folder"] == len(everything)
+    script) is that rank's own tensors, once, with their bytes (float32), and the ranks together
+    read the whole folder."""
+    with torch.device("meta"):
+        size = {hf.to_hf_name(n): 4 * t.numel() for n, t in Llama(cfg).state_dict().items()}
+    everything = sorted(size)
+    assert w["n_layers"] == cfg.n_layers and len(w["stages"]) == nproc and w["tensors_in_folder"] == len(everything)
     for s, stage in enumerate(w["stages"]):
         assert sorted(stage["read"]) == sorted(own_tensors(everything, s, nproc)) == stage["wanted"], s
+        assert stage["bytes_read"] == sum(size[n] for n in stage["read"]), s
     assert sorted(sum((s["read"] for s in w["stages"]), [])) == everything
 
 
+def test_every_launch_runs_with_the_hub_switched_off(monkeypatch):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)  # this module sets it: the launcher must on its own
+    assert launch.child_env()["HF_HUB_OFFLINE"] == "1"
+
+
 @pytest.mark.torchrun
-@pytest.mark.parametrize("nproc", [1, 2])  # 3: the test above
-def test_from_pretrained_and_book_stages_from_a_local_folder_offline(folder, nproc):
-    """--hf-model: transformers' from_pretrained on a local folder, with the Hub off (HF_HUB_OFFLINE=1,
-    set above and by the launcher), trained through the pipeline against one process; and the
-    book's stages from the same folder (--hf-dir)."""
-    assert os.environ["HF_HUB_OFFLINE"] == "1"
+def test_from_pretrained_and_book_stages_from_a_local_folder_offline(folder):
+    """--hf-model: transformers' from_pretrained on a local folder (offline, as every launch:
+    the test above), trained through the pipeline at 2 stages against one process; and the
+    book's stages from the same folder (--hf-dir). One process is p = 1 above, in-process."""
+    nproc = 2
     args = ["--experiments", "hf", "hf-weights", "--hf-model", folder, "--hf-dir", folder, "--hf-steps", 2,
             "--vocab", CFG.vocab_size, "--seq-len", CFG.max_seq_len, "--layers", CFG.n_layers, "--check"]
     r = launch.torchrun("04_splitting.py", args, nproc=nproc, timeout=300).data
-    assert r["match"]
-    assert_each_rank_read_its_own(r["hf_weights"], nproc)
+    assert r["match"] and r["hf_weights"]["match"] is True
+    assert_each_rank_read_its_own(r["hf_weights"], nproc, CFG)
     # the run started from the folder's weights, not from a random model: its first loss, in one
     # process and through the pipeline, is the loss of the model transformers loads from the folder
     script = launch.load_script("04_splitting.py")
