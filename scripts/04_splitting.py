@@ -16,8 +16,10 @@ reading only its own tensors, with logits checked against transformers':
     torchrun --standalone --nproc-per-node 3 scripts/04_splitting.py --experiments hf hf-weights --check
     torchrun --standalone --nproc-per-node 3 scripts/04_splitting.py --experiments hf-direct
 A published model instead of a random one (hf: from_pretrained on every rank, which then keeps
-its stage; a Hub name downloads it once, a folder loads offline. hf-weights reads only each rank's
-tensors, from a local folder: download it first):
+its stage; a Hub name downloads it once, a folder loads offline. The book's launcher sets
+HF_HUB_OFFLINE=1, so from a page or a test a Hub name must be in the cache already: run this
+with plain torchrun. hf-weights reads only each rank's tensors, from a local folder: download it
+first):
     torchrun --standalone --nproc-per-node 4 scripts/04_splitting.py --experiments hf \\
         --hf-model TinyLlama/TinyLlama-1.1B-Chat-v1.0 --seq-len 128 --vocab 32000 --check
     hf download TinyLlama/TinyLlama-1.1B-Chat-v1.0 --local-dir tinyllama
