@@ -16,8 +16,10 @@ reading only its own tensors, with logits checked against transformers':
     torchrun --standalone --nproc-per-node 3 scripts/04_splitting.py --experiments hf hf-weights --check
     torchrun --standalone --nproc-per-node 3 scripts/04_splitting.py --experiments hf-direct
 A published model instead of a random one (hf: from_pretrained on every rank, which then keeps
-its stage; a Hub name downloads it once, a folder loads offline. hf-weights reads only each rank's
-tensors, from a local folder: download it first):
+its stage; a Hub name downloads it once, a folder loads offline. The book's launcher sets
+HF_HUB_OFFLINE=1, so from a page or a test a Hub name must be in the cache already: run this
+with plain torchrun. hf-weights reads only each rank's tensors, from a local folder: download it
+first):
     torchrun --standalone --nproc-per-node 4 scripts/04_splitting.py --experiments hf \\
         --hf-model TinyLlama/TinyLlama-1.1B-Chat-v1.0 --seq-len 128 --vocab 32000 --check
     hf download TinyLlama/TinyLlama-1.1B-Chat-v1.0 --local-dir tinyllama
@@ -36,7 +38,6 @@ import json
 import shutil
 import sys
 import tempfile
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -98,13 +99,22 @@ def validate(args: argparse.Namespace, num_stages: int) -> None:
         hf.require_libraries()  # one line, before any process group, when transformers is missing
     if args.hf_steps < 1:
         raise ValueError(f"--hf-steps must be at least 1, got {args.hf_steps}")
-    if args.hf_dir is not None:
-        cfg, _ = hf.read_config(args.hf_dir)  # a folder the book's Llama cannot load is refused here
+    if args.hf_dir is not None:  # a folder the book's Llama cannot load, or without safetensors, is refused here
+        cfg, _ = hf.read_folder(args.hf_dir)
         fits_batch("--hf-dir", args.hf_dir, cfg.vocab_size, cfg.max_seq_len, cfg.n_layers, args, num_stages)
-    if args.hf_model is not None and Path(args.hf_model, hf.CONFIG).is_file():  # a local folder (not a Hub name)
-        d = json.loads(Path(args.hf_model, hf.CONFIG).read_text())  # transformers' model: any Llama config
-        fits_batch("--hf-model", args.hf_model, d["vocab_size"], d["max_position_embeddings"],
-                   d["num_hidden_layers"], args, num_stages)
+    if args.hf_model is not None:
+        try:  # a local folder, or a Hub name: from the cache, or (not offline) downloaded in body
+            path = hf.hub_config(args.hf_model)
+        except ValueError as err:
+            raise ValueError(f"--hf-model {err}") from None
+        if path is not None:  # transformers' model: any Llama config
+            d = json.loads(path.read_text())
+            fits_batch("--hf-model", args.hf_model, d["vocab_size"], d["max_position_embeddings"],
+                       d["num_hidden_layers"], args, num_stages)
+            if d.get("tie_word_embeddings") and num_stages > 1 and "hf" in args.experiments:
+                raise ValueError(f"--hf-model {args.hf_model} ties its output head to its embedding, which 'hf' "
+                                 f"would split into two copies: launch it on one process, or use a folder with "
+                                 f"--from-hf of 07_checkpointing.py, which adds the copies' gradients")
 
 
 def fits_batch(flag: str, folder, vocab: int, positions: int, layers: int, args, num_stages: int) -> None:
@@ -499,11 +509,11 @@ def body(args: argparse.Namespace, info) -> int:
         ok &= r["match"]
     if out.get("hf_weights"):
         r = out["hf_weights"]
-        read = ", ".join(str(len(s["read"])) for s in r["stages"])
+        read = ", ".join(f"{len(s['read'])} ({s['bytes_read'] / 1e3:.0f} kB)" for s in r["stages"])
         diff = "not checked (--check)" if r["max_logit_diff"] is None else f"{r['max_logit_diff']:.1e}"
         print(f"book Llama from Hugging Face files: tensors read per rank [{read}], "
               f"logits vs transformers: {diff}  {'MATCH' if r['match'] in (None, True) else 'MISMATCH'}")
-        ok &= r["match"] in (None, True)
+        ok &= r["match"] is True if args.check else r["match"] in (None, True)
     print("MATCH: every pipeline equals the one-process run" if ok else "MISMATCH in at least one run")
     out["match"] = ok
     cli.write_json(args.json, out)

@@ -20,7 +20,9 @@ checkpoint as a folder that LlamaForCausalLM.from_pretrained loads:
     torchrun --standalone --nproc-per-node 2 scripts/07_checkpointing.py --from-hf hf-in --steps 4 \\
         --save-dir ckpt-llama --save-every 4 --to-hf hf-out --check
     (hf-in from save_pretrained, or `hf download TinyLlama/TinyLlama-1.1B-Chat-v1.0 --local-dir hf-in`
-    with --seq-len 128; the book's own Llama from the seed instead: --model llama)
+    with --seq-len 128; the book's own Llama from the seed instead: --model llama). A folder whose
+    head is tied to its embedding (tie_word_embeddings) stays tied: the first and last stages hold
+    a copy each and add their gradients every step, and --to-hf writes it tied.
 GPUs (NCCL): add --device cuda.
 
 ``--check`` trains the full model in one process from step 0 on every rank and fails unless this
@@ -59,7 +61,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--from-hf", default=None, metavar="DIR",
                    help="start from the weights of a Hugging Face Llama folder (config.json, *.safetensors), "
                         "each rank reading only its stage's tensors; the model's shape comes from its config.json "
-                        "(a head tied to the embedding starts as a copy of it and trains on its own)")
+                        "(a head tied to the embedding stays tied: its two copies get the sum of their gradients)")
     p.add_argument("--to-hf", default=None, metavar="DIR",
                    help="after the run, write the last step's checkpoint as a Hugging Face folder that "
                         "transformers loads (model.safetensors, config.json)")
@@ -88,8 +90,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def validate(args: argparse.Namespace, world_size: int) -> None:
-    if args.from_hf:  # the model's shape is the folder's: a config the book's Llama cannot load is refused here
-        cfg, _ = hf.read_config(args.from_hf)
+    args.hf_tied = False
+    if args.from_hf:  # the model's shape is the folder's: a folder the book's Llama cannot load is refused here
+        cfg, args.hf_tied = hf.read_folder(args.from_hf)
         args.model, args.vocab, args.dim, args.layers, args.heads = "llama", cfg.vocab_size, cfg.dim, cfg.n_layers, cfg.n_heads
         if args.seq_len > cfg.max_seq_len:
             raise ValueError(f"--seq-len {args.seq_len} exceeds the {cfg.max_seq_len} positions of {args.from_hf}")
@@ -150,6 +153,21 @@ def llama_config(args) -> LlamaConfig:
                        n_kv_heads=kv_heads, max_seq_len=args.seq_len)
 
 
+# [start-tied]
+def add_tied_grads(model, pair) -> None:
+    """A head tied to the embedding is two copies, on the first and the last
+    stage (chapter 4): give each the sum of both gradients, the gradient of
+    one shared matrix, so that the copies stay equal to the last bit."""
+    emb, head = getattr(model, "tok_embeddings", None), getattr(model, "output", None)
+    if emb is not None and head is not None:  # one stage holds both copies
+        total = emb.weight.grad + head.weight.grad
+        emb.weight.grad, head.weight.grad = total, total.clone()
+    elif emb is not None or head is not None:  # the first or the last stage
+        mine = emb if emb is not None else head  # a middle stage holds neither
+        dist.all_reduce(mine.weight.grad, group=pair)  # comm: add the two copies
+# [end-tied]
+
+
 # [start-build]
 def build(args, info, staged: bool):
     """This rank's stage (or, not staged, the full model), from the
@@ -176,6 +194,8 @@ def reference_digest(args, info) -> dict[str, str]:
         optimizer.zero_grad(set_to_none=True)
         with precision.autocast(device, args.dtype):  # one region per step: autocast caches cast weights
             workload.reference_backward(model, tokens, targets, args.microbatches)
+        if args.hf_tied:
+            add_tied_grads(model, None)
         optimizer.step()
         scheduler.step()
     return ckpt.digest(model, optimizer)
@@ -199,6 +219,8 @@ def body(args: argparse.Namespace, info) -> int:
         log(f"resumed from {args.resume_path} at step {train['step']} "
             f"(saved by {train['world_size']} ranks, loaded by {info.world_size})")
     # [end-resume]
+    # the two ranks that hold a copy of a tied matrix (every rank must call new_group)
+    pair = dist.new_group([0, info.world_size - 1]) if args.hf_tied and staged and info.world_size > 1 else None
     if staged:
         stage = PipelineStage(model, stage_index=info.rank, num_stages=info.world_size, device=info.device)
         schedule = ScheduleGPipe(stage, n_microbatches=args.microbatches, loss_fn=workload.loss_fn)
@@ -214,6 +236,8 @@ def body(args: argparse.Namespace, info) -> int:
                 loss = workload.mean_loss(mb_losses) if mb_losses else None
             else:
                 loss = workload.reference_backward(model, tokens, targets, args.microbatches)
+        if args.hf_tied:
+            add_tied_grads(model, pair)
         lr = scheduler.get_last_lr()[0]
         optimizer.step()
         scheduler.step()
@@ -254,15 +278,16 @@ def body(args: argparse.Namespace, info) -> int:
     if info.rank != 0:
         return 0 if ok in (None, True) else 1
     if args.to_hf:  # one process reads every rank's files: the whole model, once, for inference
-        hf.export(ckpt.step_dir(args.save_dir, args.steps), args.to_hf, llama_config(args))
-        print(f"wrote {args.to_hf}: step {args.steps} as Hugging Face safetensors and config.json")
+        hf.export(ckpt.step_dir(args.save_dir, args.steps), args.to_hf, llama_config(args), tied=args.hf_tied)
+        print(f"wrote {args.to_hf}: step {args.steps} as Hugging Face safetensors and config.json"
+              + (" (head tied to the embedding)" if args.hf_tied else ""))
     merged = {k: v for e in everyone for k, v in e["digest"].items()}
     if ok is not None:
         print("MATCH: bitwise equal to the full model trained in one process without interruption" if ok
               else "MISMATCH: this run differs from the uninterrupted one-process run")
     cli.write_json(args.json, {
         "world_size": info.world_size, "process_group": staged, "layers_per_stage": assign_layers(args.layers, info.world_size),
-        "start_step": start, "steps": args.steps, "dtype": args.dtype, "model": args.model, "to_hf": args.to_hf, "resumed_from": str(args.resume_path) if args.resume_path else None,
+        "start_step": start, "steps": args.steps, "dtype": args.dtype, "model": args.model, "to_hf": args.to_hf, "tied": args.hf_tied, "resumed_from": str(args.resume_path) if args.resume_path else None,
         "losses": {str(k): v for k, v in everyone[-1]["losses"].items()}, "saved": saved,
         "digest": merged, "rng_after": [e["rng"] for e in everyone], "match": ok, "torch_version": torch.__version__})
     return 1 if ok is False else 0

@@ -1,9 +1,10 @@
 """Hugging Face in and out (ppbook.hf; chapters 4 and 7). In one process: the name mapping and
 the rotary row order both ways, configs, the book's Llama against transformers' on the same
-files (p = 1 is one process), sharded and tied folders, the Chain. Under torchrun:
-transformers' model through the pipeline at 3 stages, the book's stages from Hugging Face files
-at p = 2 and 3, the model traced as transformers builds it failing at 3 stages, and Hugging
-Face -> pipeline -> train -> Hugging Face.
+files (p = 1 is one process), sharded and tied folders, the Chain, bad folders refused in one
+line. Under torchrun: transformers' model through the pipeline at 2 and 3 stages, the book's
+stages from Hugging Face files at p = 2 and 3, the model traced as transformers builds it failing
+at 3 stages, and Hugging Face -> pipeline -> train -> Hugging Face on a tied model, against
+transformers' own model trained in this process.
 
 Nothing is downloaded: every model is built from a small config with random weights."""
 
@@ -16,6 +17,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local folder only, never the n
 
 import pytest
 import torch
+import transformers  # pinned (requirements-reader.txt): a CI without it fails here, it does not skip
 
 from conftest import assert_one_line_error
 from ppbook import checkpoint as ckpt
@@ -23,7 +25,6 @@ from ppbook import hf, launch, workload
 from ppbook.models import Llama, LlamaConfig, apply_rope, build_model
 from ppbook.stages import assign_layers, stage_module
 
-transformers = pytest.importorskip("transformers")
 transformers.utils.logging.disable_progress_bar()
 CFG = LlamaConfig(vocab_size=96, dim=32, n_layers=5, n_heads=4, n_kv_heads=2, ffn_hidden_dim=48, max_seq_len=16)
 
@@ -44,6 +45,14 @@ def folder(tmp_path_factory):
     """A Hugging Face folder written by transformers itself (save_pretrained)."""
     path = tmp_path_factory.mktemp("hf-llama")
     hf_llama().save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def tied_folder(tmp_path_factory):
+    """The same, of a model whose head is its embedding matrix (tie_word_embeddings)."""
+    path = tmp_path_factory.mktemp("hf-llama-tied")
+    hf_llama(seed=1, tie_word_embeddings=True).save_pretrained(path)
     return path
 
 
@@ -205,6 +214,23 @@ def test_sharded_and_tied_folders(tmp_path):
             torch.testing.assert_close(hf.load_stage(path)(tokens()), ref(tokens()).logits, rtol=0, atol=hf.TOLERANCE)
 
 
+def test_a_tied_model_is_written_tied_and_only_when_its_copies_are_equal(tmp_path):
+    book = build_model(CFG, seed=4)
+    state = book.state_dict()
+    state["output.weight"] = state["tok_embeddings.weight"].clone()  # two equal copies, as training keeps them
+    hf.save(state, CFG, tmp_path / "tied", tied=True)
+    assert json.loads((tmp_path / "tied" / "config.json").read_text())["tie_word_embeddings"] is True
+    assert "lm_head.weight" not in hf.weight_files(tmp_path / "tied")  # stored once, as transformers does
+    theirs = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "tied")
+    assert theirs.lm_head.weight is theirs.model.embed_tokens.weight
+    book.load_state_dict(state)
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(tokens()).logits, book(tokens()), rtol=0, atol=hf.TOLERANCE)
+    state["output.weight"][0, 0] += 1e-3
+    with pytest.raises(ValueError, match="the head differs from the embedding"):
+        hf.save(state, CFG, tmp_path / "drifted", tied=True)
+
+
 def test_a_dcp_checkpoint_exports_to_what_transformers_loads(tmp_path):
     # one process writes the whole model (the torchrun test below exports one written by 3 stages)
     full = build_model(CFG, seed=5)
@@ -244,32 +270,41 @@ def test_transformers_llama_through_three_stages_and_book_stages_from_its_files(
         assert run["match"] and run["layers_per_stage"] == assign_layers(5, 3), run
         assert max(s["max_weight_diff"] for s in run["stages"]) <= 1e-6
     w = r.data["hf_weights"]
-    assert w["match"] and w["max_logit_diff"] <= hf.TOLERANCE
-    assert_each_rank_read_its_own(w, 3)
+    assert w["match"] is True and w["max_logit_diff"] <= hf.TOLERANCE
+    script = launch.load_script("04_splitting.py")
+    assert_each_rank_read_its_own(w, 3, script.config("llama", script.parse_args([str(a) for a in small])))
 
 
-def assert_each_rank_read_its_own(w: dict, nproc: int) -> None:
+def assert_each_rank_read_its_own(w: dict, nproc: int, cfg: LlamaConfig) -> None:
     """The script's hf-weights result: what safetensors served each rank (hf.record_reads in the
-    script) is that rank's own tensors, once, and the ranks together read the whole folder."""
-    everything = sorted(hf.to_hf_name(n) for n in hf.full_names(LlamaConfig(n_layers=w["n_layers"])))
-    assert len(w["stages"]) == nproc and w["tensors_in_folder"] == len(everything)
+    script) is that rank's own tensors, once, with their bytes (float32), and the ranks together
+    read the whole folder."""
+    with torch.device("meta"):
+        size = {hf.to_hf_name(n): 4 * t.numel() for n, t in Llama(cfg).state_dict().items()}
+    everything = sorted(size)
+    assert w["n_layers"] == cfg.n_layers and len(w["stages"]) == nproc and w["tensors_in_folder"] == len(everything)
     for s, stage in enumerate(w["stages"]):
         assert sorted(stage["read"]) == sorted(own_tensors(everything, s, nproc)) == stage["wanted"], s
+        assert stage["bytes_read"] == sum(size[n] for n in stage["read"]), s
     assert sorted(sum((s["read"] for s in w["stages"]), [])) == everything
 
 
+def test_every_launch_runs_with_the_hub_switched_off(monkeypatch):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)  # this module sets it: the launcher must on its own
+    assert launch.child_env()["HF_HUB_OFFLINE"] == "1"
+
+
 @pytest.mark.torchrun
-@pytest.mark.parametrize("nproc", [1, 2])  # 3: the test above
-def test_from_pretrained_and_book_stages_from_a_local_folder_offline(folder, nproc):
-    """--hf-model: transformers' from_pretrained on a local folder, with the Hub off (HF_HUB_OFFLINE=1,
-    set above and by the launcher), trained through the pipeline against one process; and the
-    book's stages from the same folder (--hf-dir)."""
-    assert os.environ["HF_HUB_OFFLINE"] == "1"
+def test_from_pretrained_and_book_stages_from_a_local_folder_offline(folder):
+    """--hf-model: transformers' from_pretrained on a local folder (offline, as every launch:
+    the test above), trained through the pipeline at 2 stages against one process; and the
+    book's stages from the same folder (--hf-dir). One process is p = 1 above, in-process."""
+    nproc = 2
     args = ["--experiments", "hf", "hf-weights", "--hf-model", folder, "--hf-dir", folder, "--hf-steps", 2,
             "--vocab", CFG.vocab_size, "--seq-len", CFG.max_seq_len, "--layers", CFG.n_layers, "--check"]
     r = launch.torchrun("04_splitting.py", args, nproc=nproc, timeout=300).data
-    assert r["match"]
-    assert_each_rank_read_its_own(r["hf_weights"], nproc)
+    assert r["match"] and r["hf_weights"]["match"] is True
+    assert_each_rank_read_its_own(r["hf_weights"], nproc, CFG)
     # the run started from the folder's weights, not from a random model: its first loss, in one
     # process and through the pipeline, is the loss of the model transformers loads from the folder
     script = launch.load_script("04_splitting.py")
@@ -295,19 +330,44 @@ def test_transformers_model_traced_as_is_fails_at_three_stages_on_its_skip():
 
 
 @pytest.mark.torchrun
-def test_hugging_face_to_pipeline_to_training_to_hugging_face(folder, tmp_path):
-    out = tmp_path / "hf-out"
-    r = launch.torchrun("07_checkpointing.py", ["--from-hf", folder, "--steps", 2, "--save-dir", tmp_path / "ckpt",
-                                                "--save-every", 2, "--to-hf", out, "--check", "--seq-len", 16],
-                        nproc=3, timeout=300)
-    assert r.data["match"] and r.data["layers_per_stage"] == assign_layers(CFG.n_layers, 3)
+def test_hugging_face_to_pipeline_to_training_to_hugging_face_keeps_a_tied_head(tied_folder, tmp_path):
+    """Round trip 3 on a tied folder at 3 stages: the head's copy on stage 2 and the embedding on
+    stage 0 add their gradients (a middle stage holds neither), and the export is tied again.
+    (Chapter 7 runs an untied folder on 2.) The script's --check compares it with its own
+    one-process run; here it is compared with transformers' tied model, one shared matrix,
+    trained in this process from the same folder with the script's optimizer, schedule and batches."""
+    out, steps = tmp_path / "hf-out", 2
+    args = ["--from-hf", tied_folder, "--steps", steps, "--save-dir", tmp_path / "ckpt", "--save-every", steps,
+            "--to-hf", out, "--check", "--seq-len", 16]
+    r = launch.torchrun("07_checkpointing.py", args, nproc=3, timeout=300).data
+    assert r["match"] and r["tied"] is True and r["layers_per_stage"] == assign_layers(CFG.n_layers, 3)
+    script = launch.load_script("07_checkpointing.py")
+    cli_args = script.parse_args([str(a) for a in args])
+    cli_args.vocab, m = CFG.vocab_size, cli_args.microbatches  # the vocabulary validate() reads from config.json
+    theirs = transformers.LlamaForCausalLM.from_pretrained(tied_folder)
+    assert theirs.lm_head.weight is theirs.model.embed_tokens.weight
+    optimizer, scheduler = script.make_optimizer(theirs, cli_args)
+    for step in range(steps):
+        x, y = workload.make_batch(cli_args, step)
+        optimizer.zero_grad(set_to_none=True)
+        losses = [workload.loss_fn(theirs(a).logits, b) for a, b in zip(x.tensor_split(m), y.tensor_split(m))]
+        sum(losses).backward()
+        workload.scale_grads(theirs, m)
+        # step 1: the pipeline started from the folder's weights (not the seed's); step 2: after one
+        # update, the tied matrix trained as one (each copy on its own differs here by about 4e-4)
+        assert r["losses"][str(step + 1)] == pytest.approx(workload.mean_loss(losses), abs=hf.TOLERANCE), step
+        optimizer.step()
+        scheduler.step()
+    assert json.loads((out / "config.json").read_text())["tie_word_embeddings"] is True
+    assert "lm_head.weight" not in hf.weight_files(out)
     trained = Llama(CFG)
-    exported = ckpt.export(tmp_path / "ckpt" / "step-000002", tmp_path / "m.pt")
+    exported = ckpt.export(tmp_path / "ckpt" / f"step-{steps:06d}", tmp_path / "m.pt")
     trained.load_state_dict(torch.load(exported, weights_only=True), strict=True)
-    theirs, start = transformers.LlamaForCausalLM.from_pretrained(out), transformers.LlamaForCausalLM.from_pretrained(folder)
+    back, start = transformers.LlamaForCausalLM.from_pretrained(out), transformers.LlamaForCausalLM.from_pretrained(tied_folder)
     with torch.no_grad():
-        torch.testing.assert_close(theirs(tokens()).logits, trained(tokens()), rtol=0, atol=hf.TOLERANCE)
-        assert (theirs(tokens()).logits - start(tokens()).logits).abs().max() > 1e-3  # it trained
+        torch.testing.assert_close(back(tokens()).logits, trained(tokens()), rtol=0, atol=hf.TOLERANCE)
+        torch.testing.assert_close(back(tokens()).logits, theirs(tokens()).logits, rtol=0, atol=hf.TOLERANCE)
+        assert (back(tokens()).logits - start(tokens()).logits).abs().max() > 1e-3  # it trained
 
 
 @pytest.mark.parametrize("script,args,message", [
@@ -319,6 +379,33 @@ def test_hugging_face_to_pipeline_to_training_to_hugging_face(folder, tmp_path):
 ])
 def test_bad_input_one_line(script, args, message):
     assert_one_line_error(script, args, message)
+
+
+def test_a_folder_without_safetensors_is_refused_in_one_line(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(hf.config_to_hf(CFG)))
+    torch.save(build_model(CFG).state_dict(), tmp_path / "pytorch_model.bin")  # what older folders hold
+    convert = f"M.from_pretrained('{tmp_path}').save_pretrained('{tmp_path}')"
+    fits = ["--seq-len", CFG.max_seq_len, "--vocab", CFG.vocab_size]  # the folder is the only problem
+    for script, args in [("07_checkpointing.py", ["--from-hf", tmp_path, *fits]),
+                         ("04_splitting.py", ["--experiments", "hf-weights", "--hf-dir", tmp_path, *fits])]:
+        assert_one_line_error(script, args, f"{tmp_path} has pytorch_model.bin but no *.safetensors")
+        assert_one_line_error(script, args, convert)
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"lm_head.weight": "a.safetensors"}}))
+    assert_one_line_error("07_checkpointing.py", ["--from-hf", tmp_path, *fits], "lists 1 files, of which 1 are missing")
+
+
+def test_a_model_that_is_neither_a_folder_nor_a_downloaded_hub_name_is_refused_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # as every launch has it
+    for name, message in [("/nonexistent/model", "no such folder, and not a Hub name"),
+                          (tmp_path, "has no config.json"),
+                          ("ppbook-tests/never-downloaded", "not in the local cache, and HF_HUB_OFFLINE is set")]:
+        assert_one_line_error("04_splitting.py", ["--experiments", "hf", "--hf-model", name], f"--hf-model {name}")
+        assert_one_line_error("04_splitting.py", ["--experiments", "hf", "--hf-model", name], message)
+
+
+def test_a_tied_model_split_by_hf_is_refused_in_one_line(tied_folder):
+    args = ["--experiments", "hf", "--hf-model", tied_folder, "--vocab", CFG.vocab_size, "--seq-len", CFG.max_seq_len]
+    assert_one_line_error("04_splitting.py", args, "ties its output head to its embedding")
 
 
 def test_a_folder_the_books_llama_cannot_load_is_refused_in_one_line(tmp_path):

@@ -125,8 +125,9 @@ def tensor_to_hf(name: str, t: torch.Tensor, cfg: LlamaConfig) -> tuple[str, tor
 
 
 # --- config.json ----------------------------------------------------------------------------
-def config_to_hf(cfg: LlamaConfig, dtype: torch.dtype = torch.float32) -> dict:
-    """The ``config.json`` of a ``LlamaForCausalLM`` that computes what the book's Llama does."""
+def config_to_hf(cfg: LlamaConfig, dtype: torch.dtype = torch.float32, tied: bool = False) -> dict:
+    """The ``config.json`` of a ``LlamaForCausalLM`` that computes what the book's Llama does
+    (``tied``: its output head is its embedding matrix, stored once)."""
     return {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama",
         "vocab_size": cfg.vocab_size, "hidden_size": cfg.dim, "intermediate_size": cfg.ffn_hidden_dim,
@@ -135,7 +136,7 @@ def config_to_hf(cfg: LlamaConfig, dtype: torch.dtype = torch.float32) -> dict:
         "max_position_embeddings": cfg.max_seq_len, "rms_norm_eps": cfg.norm_eps,
         "rope_theta": cfg.rope_theta, "rope_scaling": None, "hidden_act": "silu",
         "attention_bias": False, "mlp_bias": False, "attention_dropout": 0.0,
-        "tie_word_embeddings": False, "use_cache": True,
+        "tie_word_embeddings": tied, "use_cache": True,
         "dtype": str(dtype).removeprefix("torch."),
     }
 
@@ -172,6 +173,55 @@ def read_config(folder: str | Path) -> tuple[LlamaConfig, bool]:
         raise ValueError(f"{folder} has no {CONFIG}: pass a folder saved by save_pretrained or downloaded "
                          f"from the Hugging Face Hub (with its *.safetensors)")
     return config_from_hf(json.loads(path.read_text()))
+
+
+def read_folder(folder: str | Path) -> tuple[LlamaConfig, bool]:
+    """:func:`read_config`, and a ``ValueError`` in one line unless the folder's weights are
+    safetensors that :func:`load_stage` can read tensor by tensor: called before any process
+    group, so that a folder of ``pytorch_model.bin`` is refused there, not in every rank."""
+    found = read_config(folder)
+    folder = Path(folder)
+    if (folder / INDEX).is_file():
+        shards = sorted(set(json.loads((folder / INDEX).read_text())["weight_map"].values()))
+        missing = [f for f in shards if not (folder / f).is_file()]
+        if missing:
+            raise ValueError(f"{folder}/{INDEX} lists {len(shards)} files, of which {len(missing)} are missing "
+                             f"(e.g. {missing[0]}): download the folder again")
+    elif not (folder / WEIGHTS).is_file():
+        other = sorted(f.name for f in folder.glob("*.bin")) or ["no weights"]
+        raise ValueError(f"{folder} has {', '.join(other)} but no *.safetensors (each rank reads only its own tensors "
+                         f"from safetensors): convert it once with python -c \"from transformers import "
+                         f"AutoModelForCausalLM as M; M.from_pretrained('{folder}').save_pretrained('{folder}')\"")
+    return found
+
+
+def hub_config(name: str) -> Path | None:
+    """Where ``from_pretrained(name)`` finds its ``config.json`` without the network: a local
+    folder's, or the Hugging Face cache's for a Hub name downloaded before; ``None`` for a Hub name
+    that ``from_pretrained`` will download. A ``ValueError`` in one line for a path that is not a
+    model's folder, and for a Hub name not in the cache while the Hub is switched off
+    (``HF_HUB_OFFLINE=1``, which :func:`ppbook.launch.child_env` sets for every launch)."""
+    import os
+
+    from huggingface_hub import try_to_load_from_cache
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    if Path(name).exists():
+        if not Path(name, CONFIG).is_file():
+            raise ValueError(f"{name} has no {CONFIG}: pass a folder saved by save_pretrained, or a Hub name (owner/name)")
+        return Path(name, CONFIG)
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        raise ValueError(f"{name}: no such folder, and not a Hub name (owner/name): pass a folder with a "
+                         f"{CONFIG} (save_pretrained's), or a name such as TinyLlama/TinyLlama-1.1B-Chat-v1.0") from None
+    cached = try_to_load_from_cache(name, CONFIG)
+    if isinstance(cached, str):
+        return Path(cached)
+    if os.environ.get("HF_HUB_OFFLINE", "").upper() in {"1", "ON", "YES", "TRUE"}:
+        raise ValueError(f"{name} is a Hub name, not in the local cache, and HF_HUB_OFFLINE is set (the book's launcher "
+                         f"sets it): download it first (hf download {name}), or run with plain torchrun and HF_HUB_OFFLINE unset")
+    return None
 
 
 # --- weights in -----------------------------------------------------------------------------
@@ -263,10 +313,12 @@ def load_stage(folder: str | Path, stage_index: int = 0, num_stages: int = 1,
                layers: list[int] | None = None, dtype: torch.dtype = torch.float32,
                device: torch.device | str = "cpu") -> Llama:
     """Stage ``stage_index`` of ``num_stages`` of the book's Llama with the
-    weights of a Hugging Face folder, reading only this stage's tensors."""
+    weights of a Hugging Face folder, reading only this stage's tensors.
+    A tied folder's head is a copy of its embedding: training must add
+    the two copies' gradients (chapter 7's add_tied_grads)."""
     from safetensors import safe_open
 
-    cfg, tied = read_config(folder)
+    cfg, tied = read_folder(folder)
     with torch.device("meta"):  # shapes only: the full model never exists
         model = Llama(cfg)
     stage_module(model, stage_index, num_stages, layers).to_empty(device="cpu")
@@ -288,9 +340,11 @@ def load_stage(folder: str | Path, stage_index: int = 0, num_stages: int = 1,
 
 # --- weights out ----------------------------------------------------------------------------
 def save(state_dict: dict[str, torch.Tensor], cfg: LlamaConfig, folder: str | Path,
-         dtype: torch.dtype | None = None) -> Path:
+         dtype: torch.dtype | None = None, tied: bool = False) -> Path:
     """Write the book's full-model ``state_dict`` as a Hugging Face folder:
-    model.safetensors (transformers' names and rotary rows) and config.json."""
+    model.safetensors (transformers' names and rotary rows) and config.json.
+    ``tied``: the head equals the embedding and is stored once, as
+    transformers stores a tied model."""
     from safetensors.torch import save_file
 
     missing = sorted(set(full_names(cfg)) - set(state_dict))
@@ -298,6 +352,12 @@ def save(state_dict: dict[str, torch.Tensor], cfg: LlamaConfig, folder: str | Pa
         raise ValueError(f"the state dict lacks {len(missing)} tensors of the "
                          f"full model (e.g. {missing[0]}): pass a model's, "
                          f"not a stage's")
+    state_dict = dict(state_dict)
+    if tied:  # the two copies trained as one matrix: equal to the last bit
+        head = state_dict.pop("output.weight")
+        if not torch.equal(head, state_dict["tok_embeddings.weight"]):
+            raise ValueError("tied=True, but the head differs from the embedding: "
+                             "were the two copies' gradients added each step?")
     out = {}
     for name, t in state_dict.items():
         hf_name, t = tensor_to_hf(name, t.detach().cpu(), cfg)
@@ -305,7 +365,7 @@ def save(state_dict: dict[str, torch.Tensor], cfg: LlamaConfig, folder: str | Pa
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     save_file(out, folder / WEIGHTS, metadata={"format": "pt"})  # as transformers saves
-    config = config_to_hf(cfg, dtype or next(iter(out.values())).dtype)
+    config = config_to_hf(cfg, dtype or next(iter(out.values())).dtype, tied)
     (folder / CONFIG).write_text(json.dumps(config, indent=1))
     return folder
 
@@ -316,7 +376,7 @@ def full_names(cfg: LlamaConfig) -> list[str]:
 
 
 def export(checkpoint: str | Path, folder: str | Path, cfg: LlamaConfig,
-           dtype: torch.dtype | None = None) -> Path:
+           dtype: torch.dtype | None = None, tied: bool = False) -> Path:
     """A pipeline's DCP checkpoint (any number of stages) as a Hugging
     Face folder that ``LlamaForCausalLM.from_pretrained`` loads; in one
     process, like :func:`ppbook.checkpoint.export`."""
@@ -324,7 +384,7 @@ def export(checkpoint: str | Path, folder: str | Path, cfg: LlamaConfig,
 
     with tempfile.TemporaryDirectory(prefix="ppbook-hf-") as tmp:
         single = ckpt.export(checkpoint, Path(tmp) / "model.pt")
-        return save(torch.load(single, weights_only=True), cfg, folder, dtype)
+        return save(torch.load(single, weights_only=True), cfg, folder, dtype, tied)
 
 
 # --- a transformers model as a chain --------------------------------------------------------
