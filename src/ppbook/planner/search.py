@@ -34,8 +34,8 @@ import functools
 import math
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 
-from ppbook.fsdp_window import MAX_ACTIVE_STAGES, StageGroups, fsdp_step
 from ppbook.planner import costs, memory, schedules, shapes, traffic
+from ppbook.planner.fsdp_window import MAX_ACTIVE_STAGES, StageGroups, fsdp_step
 from ppbook.planner.hardware import GPU, Link
 from ppbook.planner.shapes import ModelShape, embedding_parameters, head_parameters, layer_parameters
 from ppbook.planner.simulate import Compiled, Event, compile_order, run
@@ -593,7 +593,7 @@ def _rank_state(layout: Layout, req: Request, t: _Tables, stages: list[int]) -> 
             memory.reshards_after_forward(req.fsdp_reshard, pipelined))
         if pipelined and len(stages) > MAX_ACTIVE_STAGES:
             # torch's runtime gathers a rank's next MAX_ACTIVE_STAGES stages and frees the others
-            # (ppbook.fsdp_window); their gradients stay unsharded, accumulated, until the step's end
+            # (ppbook.planner.fsdp_window); their gradients stay unsharded, accumulated, until the step's end
             sizes = sorted((_fsdp_share(t, s, layout.ep) for s in stages), reverse=True)
             gathered = sum(sizes[:MAX_ACTIVE_STAGES])
     state = memory.state_bytes(dense, recipe, layout.sharding, layout.dp, gathered, unsharded)
@@ -614,7 +614,7 @@ def _fsdp_gathered_per_step(name: str, p: int, m: int, v: int, rank: int, reshar
                             groups: tuple[tuple[int, float, float, int], ...]) -> float:
     """Parameters one pipeline rank all-gathers in one step under FSDP2 inside ``PipelineStage``
     (torch's unshard window included for the multi-stage schedules), from its order:
-    :func:`ppbook.fsdp_window.fsdp_step`. ``groups``: per stage (index, parameters in its blocks,
+    :func:`ppbook.planner.fsdp_window.fsdp_step`. ``groups``: per stage (index, parameters in its blocks,
     in its root group, blocks)."""
     stages = {s: StageGroups(tuple([blocks_params / n] * n), root) for s, blocks_params, root, n in groups}
     actions = [(a.stage, a.kind) for a in _order(name, p, m, v)[rank]]
