@@ -272,10 +272,13 @@ def in_process(args: list[str], capsys) -> tuple[int, str]:
     return status, out.out + out.err
 
 
-def with_change(change: list[str]) -> list[str]:
+def with_change(change: list) -> list[str]:
+    """``GOOD`` with each flag of ``change`` set to the value after it (``None``: the flag removed)."""
     args = list(GOOD)
     for i in range(0, len(change), 2):
-        if change[i] in args:
+        if change[i + 1] is None:
+            del args[args.index(change[i]):args.index(change[i]) + 2]
+        elif change[i] in args:
             args[args.index(change[i]) + 1] = change[i + 1]
         else:
             args += change[i:i + 2]
@@ -308,6 +311,12 @@ def with_change(change: list[str]) -> list[str]:
     (["--layout", "ep=2"], "ep 2 must divide dp"),
     (["--pp", "7"], "no pipeline size of [7] divides"),
     (["--pp", "0"], "--pp must be at least 1"),
+    # argparse's own refusals, in one line with the fix instead of the usage
+    (["--gpus", "abc"], "--gpus takes a whole number"),
+    (["--global-batch", "1.5"], "--global-batch takes a whole number"),
+    (["--gpus", None], "required: --gpus; add --gpus N"),
+    (["--recipe", "fp4"], "invalid choice: 'fp4'"),
+    (["--frobnicate", "3"], "unrecognized arguments: --frobnicate 3; remove it"),
 ])
 def test_bad_requests_get_one_line_and_a_nonzero_exit(change, message, capsys):
     """In this process (``plan.main``); ``test_cli_runs_as_a_reader_runs_it`` runs the module."""

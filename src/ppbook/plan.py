@@ -33,8 +33,33 @@ GB = memory.GB
 
 # --- the request -------------------------------------------------------------------------------------------
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad command line gets one line naming the fix (not the whole usage), and
+    exit status 2, like every other bad request."""
+
+    def error(self, message: str):
+        print(f"ppbook.plan: error: {message}; {_fix(message)}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _fix(message: str) -> str:
+    """What to do about one of argparse's messages."""
+    flag = message.split(":")[0].removeprefix("argument ").split("/")[-1].strip()
+    if "invalid int value" in message:
+        return f"{flag} takes a whole number, such as {flag} 8"
+    if "invalid float value" in message:
+        return f"{flag} takes a number, such as 0.1 or 80"
+    if "required" in message:
+        return f"add {message.split(': ', 1)[1].replace(', ', ' N, ')} N (--help lists every flag)"
+    if "invalid choice" in message:
+        return "use one of the choices listed"
+    if "expected" in message:
+        return f"give {flag} its value (--help shows it)"
+    return "remove it or fix its spelling (--help lists every flag)"
+
+
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m ppbook.plan", description=__doc__.split("\n")[0])
+    p = _Parser(prog="python -m ppbook.plan", description=__doc__.split("\n")[0])
     g = p.add_argument_group("model")
     g.add_argument("--model", required=True,
                    help=f"a preset ({', '.join(shapes.PRESETS)}), the path of a Hugging Face config.json, or "
