@@ -538,3 +538,17 @@ def test_a_custom_model_from_the_command_line_is_planned(capsys):
                               "--kv-heads", "4", "--ffn", "5632", "--vocab", "32000", "--gpus", "8",
                               "--global-batch", "64", "--seq-len", "2048"], capsys)
     assert status == 0 and "model custom:" in out and "is predicted fastest" in out, out
+
+
+def test_each_gpu_brings_its_servers_network_and_estimates_say_their_efficiency(capsys):
+    """An A100 request without --inter crosses nodes on HDR InfiniBand, as DGX A100s do; a request
+    whose times are estimated prints the fractions of the peak it times them at."""
+    assert all(g.network in hardware.LINKS and g.nvlink in hardware.LINKS for g in hardware.GPUS.values())
+    assert hardware.GPUS["a100-80gb"].network == "ib-hdr200" != hardware.GPUS["h100-sxm"].network
+    status, out = in_process(with_change(["--gpu", "a100-80gb", "--gpus", "16", "--top", "1"]), capsys)
+    assert status == 0 and "links nvlink-a100 / ib-hdr200" in out, out
+    f = costs.efficiency("F", 4096)
+    assert f"a layer's F {100 * f:.0f}%" in out and "of 312 TFLOP/s" in out, out
+    status, out = in_process(with_change(["--gpu", "a100-80gb", "--gpus", "16", "--inter", "ib-ndr400", "--top", "1"]),
+                             capsys)
+    assert "links nvlink-a100 / ib-ndr400" in out

@@ -74,7 +74,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--gpus", type=int, required=True, help="GPUs in all")
     g.add_argument("--gpus-per-node", type=int, default=8)
     g.add_argument("--intra", default=None, help=f"link within a node (default: the GPU's): {', '.join(hardware.LINKS)}")
-    g.add_argument("--inter", default=hardware.INTER_DEFAULT, help="link between nodes")
+    g.add_argument("--inter", default=None, help="link between nodes (default: the network of the GPU's usual server, "
+                                                  "e.g. ib-hdr200 for A100s, ib-ndr400 for H100s)")
     for side in ("intra", "inter"):
         g.add_argument(f"--{side}-bandwidth", type=float, default=None, help=f"GB/s per GPU each way (overrides --{side})")
         g.add_argument(f"--{side}-latency", type=float, default=None, help="microseconds per message (overrides)")
@@ -165,7 +166,7 @@ def request_from(args: argparse.Namespace) -> search.Request:
         if overrides:
             gpu = replace(gpu, name=gpu.name + " (modified)", **overrides)
     links = {}
-    for side, default in (("intra", args.intra or gpu.nvlink), ("inter", args.inter)):
+    for side, default in (("intra", args.intra or gpu.nvlink), ("inter", args.inter or gpu.network)):
         base = hardware.link(default)
         bw, lat = getattr(args, f"{side}_bandwidth"), getattr(args, f"{side}_latency")
         links[side] = base if bw is None and lat is None else hardware.custom_link(
@@ -275,8 +276,17 @@ def header(req: search.Request) -> list[str]:
              f"batch {req.global_batch} x {req.seq_len} tokens; usable memory {req.usable_bytes / GB:.1f} GB per GPU",
              "action times: " + ("measured on an H100 (data/gpu/h100_llama3_costs.json)" if measured else
                                  "estimated from FLOPs at the efficiency the book measured on an H100 "
-                                 "(ppbook.planner.costs), scaled to this GPU's peak")]
+                                 "(ppbook.planner.costs), scaled to this GPU's peak: " + efficiencies(req))]
     return lines
+
+
+def efficiencies(req: search.Request) -> str:
+    """The fractions of the GPU's peak the estimated passes are timed at, for this model's width."""
+    h = req.model.hidden
+    layer = ", ".join(f"{k} {100 * search.costs.efficiency(k, h):.0f}%" for k in ("F", "I", "W"))
+    head = ", ".join(f"{k} {100 * search.costs.efficiency('head_' + k, h):.0f}%" for k in ("F", "I", "W"))
+    return (f"a layer's {layer}, the head's {head} of {req.gpu.bf16_tflops:g} TFLOP/s "
+            f"(hidden size {h}; fitted lines in log2(h / 4096))")
 
 
 def table(ranked: list[search.Prediction], top: int) -> list[str]:

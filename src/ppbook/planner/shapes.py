@@ -7,6 +7,14 @@ whether it has biases or tied embeddings, and, for mixtures of experts, its expe
 parameter counts are exact for these architectures; ``tests/test_plan.py`` checks
 every preset against its published count (within 1%) and the Llama shapes against the book's own
 model built in torch.
+
+What "published" means differs by family. For the Llama, Mistral, Mixtral and Qwen presets it
+is the count the Hugging Face Hub shows for the released checkpoint (e.g. "8.03B params"), which
+the Hub computes from the checkpoint's tensors: it is the exact count rounded, so the test checks
+that each shape is the released checkpoint's, to the rounding, rather than comparing with an
+independent estimate (the model cards and reports round further: "8B", "70B", "405B"). For the
+GPT-3-style models, BLOOM and DeepSeek-V3 it is the authors' own figure, from the paper named in
+``source``.
 """
 
 from __future__ import annotations
@@ -170,7 +178,7 @@ def _gpt(name, vocab, hidden, layers, heads, published, source, **kw) -> ModelSh
                       bias=True, published_params=published, source=source, **kw)
 
 
-_HF = "the model's config.json on the Hugging Face Hub"
+_HF = "the model's config.json on the Hugging Face Hub"  # its count: the Hub's, of the checkpoint's tensors
 PRESETS: dict[str, ModelShape] = {s.name: s for s in [
     _llama("llama2-7b", 32000, 4096, 32, 32, 32, 11008, 6.74e9, _HF),
     _llama("llama2-13b", 32000, 5120, 40, 40, 40, 13824, 13.0e9, _HF),
