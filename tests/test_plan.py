@@ -552,3 +552,35 @@ def test_each_gpu_brings_its_servers_network_and_estimates_say_their_efficiency(
     status, out = in_process(with_change(["--gpu", "a100-80gb", "--gpus", "16", "--inter", "ib-ndr400", "--top", "1"]),
                              capsys)
     assert "links nvlink-a100 / ib-ndr400" in out
+
+
+def test_a_named_layout_is_compared_with_the_winner_term_by_term():
+    """The parts of a step (computation, recomputation, bubble and hand-offs, data-parallel traffic
+    not hidden, optimizer) add up to the predicted step, recomputation shows only where a layout
+    recomputes, and the explanation names the part where a slower layout loses most."""
+    req = CASES["8b"]
+    ranked, _ = search.plan(req)
+    slow = search.Layout(1, 4, 2, "1F1B", 1, 1, 64, "zero1", "full")
+    for layout in (ranked[0].layout, slow, search.Layout(1, 1, 8, "none", 1, 2, 8, "fsdp", "selective")):
+        pred = search.predict(layout, req, check_memory=False)
+        terms = plan.step_terms(pred, req)
+        assert sum(terms.values()) == pytest.approx(pred.step_s, rel=1e-9), layout.label()
+        assert (terms["recomputation"] > 0) == (layout.recompute != "none"), layout.label()
+        assert (terms["bubble and hand-offs"] > 0.01 * pred.step_s) == (layout.p > 1), layout.label()
+        assert min(terms.values()) >= 0
+    mine, theirs = (plan.step_terms(search.predict(x, req, check_memory=False), req) for x in (slow, ranked[0].layout))
+    worst = max(plan.TERMS, key=lambda k: mine[k] - theirs[k])
+    text = "\n".join(plan.explain(slow, req, ranked))
+    assert f"slower than the winner ({ranked[0].layout.label()}), most of the difference in {worst}" in text, text
+    assert "it is the planner's choice" in "\n".join(plan.explain(ranked[0].layout, req, ranked))
+    unfit = "\n".join(plan.explain(search.Layout(1, 1, 8, "none", 1, 8, 2, "none", "none"), req, ranked))
+    assert "and it does not fit: its fullest GPU holds" in unfit and "GB of activations" in unfit, unfit
+
+
+def test_the_ranked_table_says_how_the_layers_are_balanced():
+    """Two layouts that differ only in their balance print differently."""
+    req = request("llama3-70b", 64, 1024)
+    even = search.Layout(8, 8, 1, "1F1B", 1, 1, 1024, "none", "full", "even")
+    preds = [search.predict(replace(even, balance=b), req, check_memory=False) for b in ("even", "ends")]
+    rows = plan.table(preds, 2)
+    assert "balance" in rows[0] and rows[1] != rows[2] and " even " in rows[1] and " ends " in rows[2]

@@ -292,12 +292,12 @@ def efficiencies(req: search.Request) -> str:
 def table(ranked: list[search.Prediction], top: int) -> list[str]:
     experts = any(o.layout.ep > 1 for o in ranked[:top])  # an ep column only where expert parallelism is used
     rows = [f"{'':>3} {'tp':>2} {'pp':>3} {'v':>2} {'dp':>4} " + (f"{'ep':>3} " if experts else "") +
-            f"{'sharding':>8} {'schedule':>21} {'b':>2} {'m':>5} "
+            f"{'sharding':>8} {'schedule':>21} {'balance':>7} {'b':>2} {'m':>5} "
             f"{'recompute':>9} {'step s':>8} {'tok/s/GPU':>9} {'MFU':>5} {'bubble':>6} {'GB/GPU':>6}"]
     for i, o in enumerate(ranked[:top], 1):
         c = o.layout
         rows.append(f"{i:>3} {c.tp:>2} {c.p:>3} {c.v:>2} {c.dp:>4} " + (f"{c.ep:>3} " if experts else "") +
-                    f"{c.sharding:>8} {c.schedule:>21} {c.b:>2} "
+                    f"{c.sharding:>8} {c.schedule:>21} {c.balance if c.p > 1 else '':>7} {c.b:>2} "
                     f"{c.m:>5} {c.recompute:>9} {o.step_s:>8.2f} {o.tokens_per_s_per_gpu:>9.0f} "
                     f"{100 * o.mfu:>4.0f}% {100 * o.bubble:>5.1f}% {o.peak_gb:>6.1f}")
     return rows
@@ -337,28 +337,64 @@ def why_winner(ranked: list[search.Prediction]) -> str:
     return "; ".join(parts) + "."
 
 
+TERMS = ("computation", "recomputation", "bubble and hand-offs", "data-parallel traffic not hidden", "optimizer step")
+
+
+def step_terms(pred: search.Prediction, req: search.Request) -> dict[str, float]:
+    """A predicted step time as the sum of its parts on the GPU that finishes last (the one that
+    sets it): its passes without recomputation (tensor parallelism's collectives and the
+    all-to-all included), the forwards it runs again, the time it waits inside the pipeline (the
+    bubble and the hand-offs), the data-parallel traffic computation does not hide, and the
+    optimizer's step. They add up to ``pred.step_s``."""
+    layout, c = pred.layout, pred.detail["critical"]
+    stages = search._owned(layout, c["rank"])
+    with_redo, _ = search._stage_costs(layout, req)
+    without, _ = search._stage_costs(replace(layout, recompute="none"), req)
+    redo = layout.m * sum(with_redo[(s, k)] - without[(s, k)] for s in stages for k in ("F", "B"))
+    return {"computation": c["busy_s"] - redo, "recomputation": redo, "bubble and hand-offs": c["end_s"] - c["busy_s"],
+            "data-parallel traffic not hidden": c["dp_exposed_s"], "optimizer step": c["optimizer_s"]}
+
+
 def explain(layout: search.Layout, req: search.Request, ranked: list[search.Prediction]) -> list[str]:
+    """A named layout: its memory per GPU, its step time part by part beside the winner's, and
+    which part makes it slower and which kind of memory keeps it from fitting."""
     pred = search.predict(layout, req, check_memory=False)
     lines = [f"layout {layout.label()}:"]
     fits = pred.peak_bytes <= req.usable_bytes
     worst = max(pred.memory, key=lambda r: r.total)
+    kinds = {k: getattr(worst, k) for k in search.MEMORY_KINDS}
     if fits:
         lines.append(f"  fits: {pred.peak_gb:.1f} GB on the fullest GPU (rank {worst.rank})")
     else:
-        kinds = {k: getattr(worst, k) for k in search.MEMORY_KINDS}
         big = max(kinds, key=kinds.get)
         lines.append(f"  does not fit: rank {worst.rank} needs {worst.total / GB:.1f} GB of {req.usable_bytes / GB:.1f} "
                      f"usable, most of it {big} ({kinds[big] / GB:.1f} GB)")
     lines += breakdown(pred, req)
+    mine = step_terms(pred, req)
+    win = ranked[0] if ranked else None
+    theirs = step_terms(win, req) if win is not None else None
     lines.append(f"  {pred.step_s:.2f} s per step: pipeline {pred.pipeline_s:.2f} s (bubble {100 * pred.bubble:.1f}%), "
                  f"data-parallel traffic not hidden {pred.dp_exposed_s:.2f} s, optimizer {pred.optimizer_s:.2f} s")
-    if ranked:
-        win = ranked[0]
-        slower = 100 * (pred.step_s / win.step_s - 1)
-        verdict = "it is the planner's choice" if win.layout == layout else \
-            f"{slower:.1f}% {'slower' if slower >= 0 else 'faster'} than the winner ({win.layout.label()})" + \
-            ("" if fits else ", but it does not fit")
-        lines.append("  " + verdict)
+    header = f"  {'seconds per step, on the GPU that finishes last':<48} {'this layout':>11}"
+    lines.append(header + (f" {'winner':>8} {'difference':>10}" if theirs else ""))
+    for term in TERMS:
+        row = f"  {term:<48} {mine[term]:>11.2f}"
+        lines.append(row + (f" {theirs[term]:>8.2f} {mine[term] - theirs[term]:>+10.2f}" if theirs else ""))
+    if win is None:
+        return lines
+    if win.layout == layout:
+        lines.append("  it is the planner's choice")
+        return lines
+    slower = 100 * (pred.step_s / win.step_s - 1)
+    term = max(TERMS, key=lambda k: mine[k] - theirs[k]) if slower >= 0 else min(TERMS, key=lambda k: mine[k] - theirs[k])
+    verdict = (f"  {abs(slower):.1f}% {'slower' if slower >= 0 else 'faster'} than the winner ({win.layout.label()}), "
+               f"most of the difference in {term} ({mine[term] - theirs[term]:+.2f} s)")
+    if not fits:
+        theirs_mem = max(win.memory, key=lambda r: r.total)
+        tip = max(search.MEMORY_KINDS, key=lambda k: kinds[k] - getattr(theirs_mem, k))
+        verdict += (f"; and it does not fit: its fullest GPU holds {kinds[tip] / GB:.1f} GB of {tip}, "
+                    f"{(kinds[tip] - getattr(theirs_mem, tip)) / GB:.1f} GB more than the winner's fullest GPU")
+    lines.append(verdict)
     return lines
 
 

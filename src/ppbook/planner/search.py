@@ -748,7 +748,7 @@ def predict(layout: Layout, req: Request, check_memory: bool = True, mem: list[R
     bottleneck = 0.0 if len(ms) == 1 else max((runs[1][1][r] - runs[0][1][r]) / (ms[1] - ms[0]) for r in range(layout.p))
     span = _extrapolate([(m, run_[2]) for m, run_ in zip(ms, runs)], layout.m, bottleneck)
     end = {r: _extrapolate([(m, run_[0][r]) for m, run_ in zip(ms, runs)], layout.m, bottleneck) for r in range(layout.p)}
-    step, exposed_worst, traffic_worst = 0.0, 0.0, 0.0
+    step, exposed_worst, traffic_worst, critical = 0.0, 0.0, 0.0, {}
     t = _tables(req, layout.num_stages, layout.balance, layout.b, layout.recompute, layout.tp)
     for r in range(layout.p):
         stages = _owned(layout, r)
@@ -759,6 +759,8 @@ def predict(layout: Layout, req: Request, check_memory: bool = True, mem: list[R
         gathers = fsdp_gathers_factor(layout, req, t, r) if layout.sharding == "fsdp" and layout.p > 1 else 1.0
         total, exposed = _dp_exposed(layout, req, params, busy[r], last_backward, first_forward, experts, gathers)
         opt = _optimizer_seconds(params, layout, req, experts)
+        if end[r] + exposed + opt > step:  # the rank that finishes last sets the step: keep its parts
+            critical = {"rank": r, "end_s": end[r], "busy_s": busy[r], "dp_exposed_s": exposed, "optimizer_s": opt}
         step = max(step, end[r] + exposed + opt)
         exposed_worst, traffic_worst = max(exposed_worst, exposed), max(traffic_worst, total)
         pred.optimizer_s = max(pred.optimizer_s, opt)
@@ -767,7 +769,7 @@ def predict(layout: Layout, req: Request, check_memory: bool = True, mem: list[R
     tokens = req.global_batch * req.seq_len
     pred.tokens_per_s_per_gpu = tokens / step / req.gpus
     pred.mfu = pred.tokens_per_s_per_gpu * model_flops_per_token(req.model, req.seq_len) / (req.gpu.bf16_tflops * 1e12)
-    pred.detail = {"dp_traffic_s": traffic_worst, "layers_per_stage": [len(x) for x in layers]}
+    pred.detail = {"dp_traffic_s": traffic_worst, "layers_per_stage": [len(x) for x in layers], "critical": critical}
     return pred
 
 
