@@ -121,6 +121,36 @@ def test_stage_costs_add_the_head_tensor_parallel_collectives_and_recomputation(
     assert tp[(0, "F")] > 8 * layer.F / 2  # half the compute plus the collectives
 
 
+def test_torchs_split_backward_refuses_selective_and_recomputes_once_per_parameter_group():
+    """Chapter 12 measured torch 2.13 under the I/W split: selective checkpointing fails, and full
+    checkpointing recomputes a block once in I and once per parameter group in W, on every stage
+    but the first (whose whole backward runs in W). Runtimes that are not torch's (stage_io
+    freed) do neither."""
+    req = CASES["8b"]
+    layer = costs.layer_costs(req.model, H100, 1, 8192)
+    groups = shapes.block_weight_groups(req.model)
+    zbv = search.Layout(1, 2, 4, "ZBVZeroBubble", 2, 1, 32, "zero1", "full")
+    none, _ = search._stage_costs(replace(zbv, recompute="none"), req)
+    full, _ = search._stage_costs(zbv, req)
+    per_stage = 8  # 32 layers on 4 stages
+    assert full[(0, "W")] == pytest.approx(none[(0, "W")])
+    for s in (1, 2, 3):
+        assert full[(s, "I")] - none[(s, "I")] == pytest.approx(per_stage * layer.F)
+        assert full[(s, "W")] - none[(s, "W")] == pytest.approx(per_stage * groups * layer.F)
+    ofob, _ = search._stage_costs(search.Layout(1, 4, 2, "1F1B", 1, 1, 16, "zero1", "full"), req)
+    assert ofob[(1, "W")] == pytest.approx(none[(1, "W")])  # no split, one recomputation
+    freed = replace(req, stage_io="freed")
+    assert search._stage_costs(zbv, freed)[0][(1, "W")] == pytest.approx(none[(1, "W")])
+    for name, v in (("ZBVZeroBubble", 2), ("DualPipeV", 2), ("InterleavedZeroBubble", 2)):
+        layout = search.Layout(1, 2, 4, name, v, 1, 32, "zero1", "selective")
+        assert "selective checkpointing cannot run" in search.constraint_problem(layout, req), name
+        assert search.constraint_problem(layout, freed) is None, name
+    assert search.constraint_problem(search.Layout(1, 2, 4, "Interleaved1F1B", 2, 1, 32, "zero1", "selective"), req) is None
+    ranked, dropped = search.plan(replace(req, schedules=("ZBVZeroBubble",)), keep_all=True)
+    assert all(o.layout.recompute != "selective" for o in ranked if o.layout.p > 1)
+    assert any("selective checkpointing cannot run" in (o.why_not or "") for o in dropped)
+
+
 def test_no_layout_below_its_lower_bound():
     req = CASES["8b"]
     for layout in [search.Layout(1, 2, 4, "1F1B", 1, 1, 32, "zero1", "full"),

@@ -257,9 +257,22 @@ def _candidates_of(req: Request, tp: int, p: int, dp: int, ep: int) -> list[Layo
 
 
 def constraint_problem(layout: Layout, req: Request) -> str | None:
+    """Why ``layout`` cannot run (its schedule's constraints; selective checkpointing under torch's
+    split backward), as one line naming the fix; ``None`` if it can."""
     if layout.schedule == NO_PIPELINE:
         return None
+    if layout.recompute == "selective" and _torch_split_backward(layout, req):
+        return (f"selective checkpointing cannot run under Schedule{layout.schedule}: torch 2.13's weight-gradient "
+                "pass runs a second backward through each block, which selective checkpointing refuses ('Trying to "
+                "backward an extra time', chapter 12); use recompute none or full, or a schedule without the I/W split")
     return schedules.schedule_problem(layout.schedule, layout.p, layout.m, layout.v, req.model.layers)
+
+
+def _torch_split_backward(layout: Layout, req: Request) -> bool:
+    """Whether torch's own runtime (``stage_io="torch"``) runs ``layout``'s schedule with its backward
+    split into I and W: the weight pass then differentiates each group of parameters apart
+    (:func:`ppbook.planner.shapes.block_weight_groups`)."""
+    return layout.schedule in schedules.SPLIT_BACKWARD and req.stage_io == "torch"
 
 
 def request_problem(req: Request) -> str | None:
@@ -402,7 +415,7 @@ OVERLAPS_ALL_TO_ALL = ("DualPipeV",)  # schedules whose runtime overlaps one mic
 def _stage_costs(layout: Layout, req: Request, layers: list[list[int]] | None = None) -> tuple[dict, bool]:
     """Seconds of each (stage, kind) for one microbatch, and whether any came from FLOPs."""
     return _stage_costs_cached(req, layout.tp, layout.num_stages, layout.balance, layout.b, layout.recompute,
-                               layout.ep, layout.schedule in OVERLAPS_ALL_TO_ALL)
+                               layout.ep, layout.schedule in OVERLAPS_ALL_TO_ALL, _torch_split_backward(layout, req))
 
 
 def alltoall_seconds(req: Request, nbytes: float, ep: int, tp: int) -> float:
@@ -422,7 +435,11 @@ def alltoall_seconds(req: Request, nbytes: float, ep: int, tp: int) -> float:
 
 @functools.lru_cache(maxsize=16384)
 def _stage_costs_cached(req: Request, tp: int, num_stages: int, balance: str, b: int, recompute: str, ep: int = 1,
-                        overlap: bool = False) -> tuple[dict, bool]:
+                        overlap: bool = False, split: bool = False) -> tuple[dict, bool]:
+    """Recomputation runs each recomputed block's forward again in the backward: once, or, with
+    full checkpointing under torch's split backward (``split``), once in I and once more per
+    group of parameters in W (:func:`ppbook.planner.shapes.block_weight_groups`), on every stage
+    but the first, whose backward torch runs whole in W (chapter 12 measured both)."""
     shape = req.model
     first, last = end_weights(req) if balance == "ends" else (0, 0)
     layers = _stage_layers_cached(shape.layers, num_stages, first, last)
@@ -452,6 +469,8 @@ def _stage_costs_cached(req: Request, tp: int, num_stages: int, balance: str, b:
             return compute
         return max(compute, a2a) if overlap else compute + a2a
 
+    per_group = split and recompute == "full"
+    groups = {False: shapes.block_weight_groups(shape, False), True: shapes.block_weight_groups(shape, True)}
     for s, owned in enumerate(layers):
         f = i = w = 0.0
         n_moe = sum(1 for index in owned if shape.moe and index >= shape.dense_layers)
@@ -460,7 +479,7 @@ def _stage_costs_cached(req: Request, tp: int, num_stages: int, balance: str, b:
                 c = moe if is_moe else dense
                 f += count * with_a2a(c.F / tp + tp_half, is_moe)
                 i += count * with_a2a((c.I + redo[is_moe][layout.recompute]) / tp + tp_half, is_moe)
-                w += count * c.W / tp
+                w += count * (c.W + (groups[is_moe] * c.F if per_group and s > 0 else 0.0)) / tp
         if s == n - 1:
             f, i, w = f + head.F / tp, i + head.I / tp, w + head.W / tp
         out[(s, "F")], out[(s, "I")], out[(s, "W")], out[(s, "B")] = f, i, w, i + w

@@ -165,6 +165,32 @@ def active_parameters(shape: ModelShape) -> int:
             + head)
 
 
+def block_weight_groups(shape: ModelShape, moe_layer: bool = False) -> int:
+    """How many groups of parameters torch's weight-gradient pass ``W`` differentiates apart in one
+    block: torch 2.13's ``stage_backward_weight`` calls ``torch.autograd.grad`` once per group of
+    parameters that reach the block's graph through the same operation
+    (``torch.distributed.pipelining._backward.get_param_groups``), so a linear layer's weight and
+    bias are one group, a norm's scale and bias one, and each other weight its own. Counted for the
+    layers as the book's block, Hugging Face's Llama and torchtitan's write them: two norms, separate
+    query, key, value and output projections (multi-head latent attention: its down- and
+    up-projections and their norms), the MLP's matrices, and in a mixture-of-experts layer the
+    router, the routed experts' stacked matrices (torchtitan's ``GroupedExperts``) and the shared
+    experts' (``tests/test_planner_memory.py`` checks it against torch's grouping on the book's
+    blocks). Under full checkpointing each group recomputes the block's forward once more
+    (chapter 12 measured 11 forwards per Llama block, 2 + 9 groups)."""
+    norms = 2
+    if shape.mla:
+        attention = (3 if shape.q_lora_rank else 1) + 3 + 1  # q (down, norm, up) | kv (down, norm, up) | output
+    else:
+        attention = 4
+    matrices = 3 if shape.mlp == "swiglu" else 2
+    if moe_layer:
+        mlp = 1 + matrices + (matrices if shape.shared_experts else 0)
+    else:
+        mlp = matrices
+    return norms + attention + mlp
+
+
 # --- presets ------------------------------------------------------------------------------------------
 
 def _llama(name, vocab, hidden, layers, heads, kv, ffn, published, source, **kw) -> ModelShape:
