@@ -165,6 +165,41 @@ def test_lightened_ends_give_the_first_and_last_stage_fewer_layers():
     assert search.end_weights(request("llama3-405b")) == (1, 1)  # Llama 3's own choice
 
 
+def test_data_parallel_traffic_is_hidden_where_the_frameworks_hide_it():
+    """``_dp_exposed``, mode by mode, against the ring formulas: the gradients' reduction hides
+    behind the last backward (DDP, ZeRO) or behind the step's computation (FSDP alone), and shows
+    where it outlasts it; ZeRO's all-gather hides behind the first forward; FSDP inside a pipeline
+    reduce-scatters after the last backward, so that part always shows. A group larger than a node
+    crosses the network."""
+    req, params = CASES["8b"], 1e9
+    r = memory.RECIPES[req.recipe]
+    grads, weights = params * r.grad_bytes, params * r.weight_bytes
+
+    def exposed(sharding, p=1, dp=8, m=4, busy=0.0, last_backward=0.0, first_forward=0.0, gathers=1.0, rq=req):
+        layout = search.Layout(1, p, dp, "1F1B" if p > 1 else search.NO_PIPELINE, 1, 1, m, sharding, "none")
+        return search._dp_exposed(layout, rq, params, busy, last_backward, first_forward, gathers=gathers)
+
+    reduce = NV.allreduce(grads, 8)
+    assert exposed("none", last_backward=10.0) == (reduce, 0.0)                       # fully hidden
+    assert exposed("none", last_backward=reduce / 4) == pytest.approx((reduce, 0.75 * reduce))  # partly
+    rs, ag = NV.gather(grads, 8), NV.gather(weights, 8)
+    assert exposed("zero1", last_backward=rs / 2, first_forward=10.0) == pytest.approx((rs + ag, rs / 2))
+    assert exposed("zero1", last_backward=10.0, first_forward=ag / 2) == pytest.approx((rs + ag, ag / 2))
+    # FSDP alone: gathered for each microbatch's forward and again for its backward (resharded after
+    # forward), reduced each microbatch; hidden behind the whole step's computation
+    alone = 4 * (2 * ag + rs)
+    assert exposed("fsdp", busy=10.0) == pytest.approx((alone, 0.0))
+    assert exposed("fsdp", busy=alone / 2) == pytest.approx((alone, alone / 2))
+    # inside PipelineStage: the all-gathers hide, the reduce-scatter after the last backward does not
+    assert exposed("fsdp", p=2, dp=4, busy=10.0, gathers=3.0) == pytest.approx(
+        (3 * NV.gather(weights, 4) + NV.gather(grads, 4), NV.gather(grads, 4)))
+    assert exposed("fsdp", p=2, dp=4, busy=0.0, gathers=3.0)[1] == pytest.approx(
+        3 * NV.gather(weights, 4) + NV.gather(grads, 4))
+    wide = request(gpus=32, batch=128)  # 16 replicas x 1 = 16 GPUs: two nodes, over InfiniBand
+    assert exposed("none", p=2, dp=16, rq=wide) == (IB.allreduce(grads, 16), IB.allreduce(grads, 16))
+    assert exposed("none", dp=1) == (0.0, 0.0)
+
+
 def test_sharding_modes_hold_what_they_shard():
     r = memory.RECIPES["bf16"]
     none = memory.state_bytes(1.0, r, "none", 8)
