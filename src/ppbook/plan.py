@@ -93,9 +93,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="under FSDP, free a block's gathered weights after its forward: always, never, or default "
                         "(torchtitan's: yes without a pipeline, no inside one)")
     g.add_argument("--stage-io", choices=memory.STAGE_IO, default="torch",
-                   help="torch: torch's PipelineStage keeps a receive buffer per microbatch and each stage's "
-                        "output until its backward; freed: a runtime that frees them once used (Megatron-LM, "
-                        "DeepSpeed)")
+                   help="the pipeline's runtime. torch: torch's PipelineStage keeps a receive buffer per microbatch "
+                        "and each stage's output until its backward, and its split backward (the zero-bubble and "
+                        "V schedules) refuses selective checkpointing and recomputes a fully checkpointed block once "
+                        "per parameter group; freed: a runtime that frees them once used and does neither "
+                        "(Megatron-LM, DeepSpeed)")
     g.add_argument("--headroom", type=float, default=0.1, help="fraction of each GPU kept free")
     g = p.add_argument_group("what to search (default: everything)")
     g.add_argument("--tp", type=int, nargs="+", default=None, help="tensor-parallel sizes to try")

@@ -71,7 +71,8 @@ class Request:
     balances: tuple[str, ...] = BALANCES
     measured_costs: bool = True        # use the book's H100 measurements where they match
     fsdp_reshard: str = "default"      # torchtitan's fsdp_reshard_after_forward: default, always, never
-    stage_io: str = "torch"            # torch's PipelineStage buffers, or "freed" (Megatron-LM, DeepSpeed, Llama 3)
+    stage_io: str = "torch"            # torch's runtime (PipelineStage buffers, its split backward's limits: see
+    #                                    constraint_problem), or "freed" (Megatron-LM, DeepSpeed, Llama 3)
 
     @property
     def usable_bytes(self) -> float:
