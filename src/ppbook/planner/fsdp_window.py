@@ -44,15 +44,17 @@ def with_unshard_window(actions: list[tuple[int, str]], max_active_stages: int =
     ``(stage, "RESHARD")`` inserted as torch's runtime inserts them: before each action, the next
     ``max_active_stages`` distinct stages are gathered (in the order they will run), the others
     freed; at the end every stage is freed."""
+    # the next distinct stages from each action on, built from the end (torch scans forward from
+    # every action: the same lists, without its quadratic cost on long orders)
+    upcoming_at: list[tuple[int, ...]] = [()] * len(actions)
+    upcoming: tuple[int, ...] = ()
+    for i in range(len(actions) - 1, -1, -1):
+        stage = actions[i][0]
+        upcoming = (stage, *(s for s in upcoming if s != stage))[:max_active_stages]
+        upcoming_at[i] = upcoming
     active: list[int] = []
     out: list[tuple[int, str]] = []
-    for i, (stage, kind) in enumerate(actions):
-        upcoming: list[int] = []
-        for s, _ in actions[i:]:
-            if s not in upcoming:
-                upcoming.append(s)
-                if len(upcoming) == max_active_stages:
-                    break
+    for (stage, kind), upcoming in zip(actions, upcoming_at):
         for s in [s for s in active if s not in upcoming]:  # evict in the order they were gathered
             active.remove(s)
             out.append((s, "RESHARD"))
@@ -79,13 +81,10 @@ def fsdp_step(actions: list[tuple[int, str]], stages: dict[int, StageGroups], re
     lowered = with_unshard_window(actions, max_active_stages) if window else list(actions)
     gathered: set[tuple[int, int]] = set()  # (stage, group); group -1 is the root
     gathers = nbytes = 0
-
-    def groups(stage: int) -> list[tuple[int, int]]:
-        g = stages[stage]
-        return [(stage, b) for b in range(len(g.blocks))] + ([(stage, -1)] if g.root else [])
+    groups = {s: [(s, b) for b in range(len(g.blocks))] + ([(s, -1)] if g.root else []) for s, g in stages.items()}
 
     for stage, kind in lowered:
-        keys = groups(stage)
+        keys = groups[stage]
         if kind == "RESHARD":
             gathered.difference_update(keys)
             continue
