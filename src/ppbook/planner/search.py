@@ -74,6 +74,15 @@ class Request:
     stage_io: str = "torch"            # torch's runtime (PipelineStage buffers, its split backward's limits: see
     #                                    constraint_problem), or "freed" (Megatron-LM, DeepSpeed, Llama 3)
 
+    def __hash__(self) -> int:
+        # computed once: every cache of the search is keyed on the request, whose model, GPU and
+        # links hash field by field (hashing it anew on every look-up took a tenth of a search)
+        cached = self.__dict__.get("_hash")
+        if cached is None:
+            cached = hash(tuple(getattr(self, f.name) for f in fields(self)))
+            object.__setattr__(self, "_hash", cached)
+        return cached
+
     @property
     def usable_bytes(self) -> float:
         return self.gpu.memory_gb * memory.GB * (1 - self.headroom)
@@ -103,7 +112,10 @@ class Layout:
 
     @property
     def num_stages(self) -> int:
-        return self.p * (1 if self.schedule == NO_PIPELINE else schedules.stages_per_rank(self.schedule, self.v))
+        kind = "single" if self.schedule == NO_PIPELINE else schedules.PLACEMENT.get(self.schedule)
+        if kind is None:
+            schedules.placement(self.schedule)  # raises: an unknown schedule
+        return self.p * {"single": 1, "loop": self.v, "v": 2}[kind]
 
 
 MEMORY_KINDS = ("parameters", "gradients", "optimizer", "activations", "logits", "buffers")
@@ -471,16 +483,22 @@ def _stage_costs_cached(req: Request, tp: int, num_stages: int, balance: str, b:
         return max(compute, a2a) if overlap else compute + a2a
 
     per_group = split and recompute == "full"
-    groups = {False: shapes.block_weight_groups(shape, False), True: shapes.block_weight_groups(shape, True)}
+    # one layer's seconds per pass, dense and MoE, and its weight pass with recomputation per group
+    per_layer = {}
+    for is_moe, c in ((False, dense), (True, moe)):
+        groups = shapes.block_weight_groups(shape, is_moe)
+        per_layer[is_moe] = (with_a2a(c.F / tp + tp_half, is_moe),
+                             with_a2a((c.I + redo[is_moe][layout.recompute]) / tp + tp_half, is_moe),
+                             (c.W + 0.0) / tp, (c.W + (groups * c.F if per_group else 0.0)) / tp)
     for s, owned in enumerate(layers):
         f = i = w = 0.0
-        n_moe = sum(1 for index in owned if shape.moe and index >= shape.dense_layers)
+        n_moe = sum(1 for index in owned if index >= shape.dense_layers) if shape.moe else 0
         for is_moe, count in ((False, len(owned) - n_moe), (True, n_moe)):
             if count:
-                c = moe if is_moe else dense
-                f += count * with_a2a(c.F / tp + tp_half, is_moe)
-                i += count * with_a2a((c.I + redo[is_moe][layout.recompute]) / tp + tp_half, is_moe)
-                w += count * (c.W + (groups[is_moe] * c.F if per_group and s > 0 else 0.0)) / tp
+                lf, li, lw, lw_redo = per_layer[is_moe]
+                f += count * lf
+                i += count * li
+                w += count * (lw_redo if s > 0 else lw)
         if s == n - 1:
             f, i, w = f + head.F / tp, i + head.I / tp, w + head.W / tp
         out[(s, "F")], out[(s, "I")], out[(s, "W")], out[(s, "B")] = f, i, w, i + w
@@ -598,7 +616,17 @@ def _rank_state(layout: Layout, req: Request, t: _Tables, stages: list[int]) -> 
     """(parameters outside the routed experts, routed-expert parameters, training state) of one
     GPU holding ``stages``. Expert parallelism keeps ``1/ep`` of each MoE layer's routed experts
     on a GPU, and their state is sharded over the ``dp / ep`` replicas that hold the same experts;
-    the rest is sharded over all ``dp``."""
+    the rest is sharded over all ``dp``. (``t``'s parameters do not depend on the microbatch or
+    the recomputation, so the result is cached without them.)"""
+    return _rank_state_cached(req, layout.num_stages, layout.balance, layout.tp, tuple(stages), layout.sharding,
+                              layout.dp, layout.ep, layout.p)
+
+
+@functools.lru_cache(maxsize=65536)
+def _rank_state_cached(req: Request, num_stages: int, balance: str, tp: int, stages: tuple[int, ...], sharding: str,
+                       dp: int, ep: int, p: int) -> tuple[float, float, memory.State]:
+    t = _tables(req, num_stages, balance, 1, "none", tp)
+    layout = Layout(tp, p, dp, NO_PIPELINE, 1, 1, 1, sharding, "none", balance, ep)  # what the state depends on
     params = sum(t.params[s] for s in stages)
     experts = sum(t.experts[s] for s in stages)
     dense, local = params - experts, experts / layout.ep
@@ -661,10 +689,15 @@ def memory_floor(layout: Layout, req: Request) -> float:
     t = _tables(req, layout.num_stages, layout.balance, layout.b, layout.recompute, layout.tp)
     stages = _owned(layout, 0)
     _, _, state = _rank_state(layout, req, t, stages)
-    tokens = layout.b * req.seq_len
-    transient = memory.recompute_transient_bytes(req.model, tokens, memory.RECIPES[req.recipe].activation_bytes,
-                                                 req.kernels, layout.recompute, req.seq_len) / layout.tp
-    return state.total + min(layout.m, layout.p) * min(t.per_mb[s] for s in stages) + transient
+    return state.total + min(layout.m, layout.p) * min(t.per_mb[s] for s in stages) + \
+        _transient(req, layout.b, layout.recompute, layout.tp)
+
+
+@functools.lru_cache(maxsize=4096)
+def _transient(req: Request, b: int, recompute: str, tp: int) -> float:
+    """One layer's recomputation at the peak of a backward, on one GPU."""
+    return memory.recompute_transient_bytes(req.model, b * req.seq_len, memory.RECIPES[req.recipe].activation_bytes,
+                                            req.kernels, recompute, req.seq_len) / tp
 
 
 def rank_memory(layout: Layout, req: Request, layers: list[list[int]] | None = None) -> list[RankMemory]:

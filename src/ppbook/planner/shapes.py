@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 import json
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 
@@ -58,6 +58,14 @@ class ModelShape:
     v_head_dim: int = 0
     published_params: float = 0.0  # the count its authors give (0: none), for the tests and the output
     source: str = ""
+
+    def __hash__(self) -> int:
+        # computed once: the planner's caches look shapes up hundreds of thousands of times
+        cached = self.__dict__.get("_hash")
+        if cached is None:
+            cached = hash(tuple(getattr(self, f.name) for f in fields(self)))
+            object.__setattr__(self, "_hash", cached)
+        return cached
 
     @property
     def hd(self) -> int:
