@@ -649,3 +649,18 @@ def test_the_ranked_table_says_how_the_layers_are_balanced():
     preds = [search.predict(replace(even, balance=b), req, check_memory=False) for b in ("even", "ends")]
     rows = plan.table(preds, 2)
     assert "balance" in rows[0] and rows[1] != rows[2] and " even " in rows[1] and " ends " in rows[2]
+
+
+def test_requests_and_shapes_hash_once_and_by_value():
+    """The search's caches are keyed on the request: its hash is computed once, equal requests
+    hash alike, a changed one does not, and a pickled copy (another process salts string hashes
+    differently) computes its own."""
+    import pickle
+
+    a, b = request(), request()
+    assert a is not b and a == b and hash(a) == hash(b) and "_hash" in a.__dict__
+    assert hash(replace(a, global_batch=256)) != hash(a)
+    for obj in (a, a.model):
+        hash(obj)
+        copy = pickle.loads(pickle.dumps(obj))
+        assert copy == obj and "_hash" not in copy.__dict__ and hash(copy) == hash(obj)

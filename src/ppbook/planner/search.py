@@ -83,6 +83,10 @@ class Request:
             object.__setattr__(self, "_hash", cached)
         return cached
 
+    def __getstate__(self) -> dict:
+        # a pickled copy hashes anew: another process salts the hashes of strings differently
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
     @property
     def usable_bytes(self) -> float:
         return self.gpu.memory_gb * memory.GB * (1 - self.headroom)

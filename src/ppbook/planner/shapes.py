@@ -67,6 +67,10 @@ class ModelShape:
             object.__setattr__(self, "_hash", cached)
         return cached
 
+    def __getstate__(self) -> dict:
+        # a pickled copy hashes anew: another process salts the hashes of strings differently
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
     @property
     def hd(self) -> int:
         return self.head_dim or self.hidden // self.heads
