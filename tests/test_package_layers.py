@@ -11,12 +11,13 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "ppbook"
 
 # Bottom to top, along the data flow. A module may import only modules of lower layers.
 LAYERS: list[tuple[str, list[str]]] = [
+    ("the torch-free planner (a subpackage: its schedules, simulator, memory, search), which imports nothing "
+     "of ppbook outside itself", ["planner"]),
     ("leaves: formulas, reports, claims, errors, data, processes, launching, the action graph, precision, "
      "recomputation",
      ["report", "claims", "errors", "bubble", "dataflow", "data", "dist", "launch",
       "activations", "checkpoint", "precision", "fsdp_probe", "recompute", "fsdp_window"]),
     ("the timeline format, recorded and simulated", ["timeline"]),
-    ("the torch-free planner (a subpackage: its schedules, simulator, memory, search)", ["planner"]),
     ("models, stage placement, driving a schedule, training pieces, nodes",
      ["models", "stages", "driver", "training", "nodes"]),
     ("built on a model or a timeline: balancing, skip models, Hugging Face models, the workload, timing, "

@@ -121,6 +121,36 @@ def test_stage_costs_add_the_head_tensor_parallel_collectives_and_recomputation(
     assert tp[(0, "F")] > 8 * layer.F / 2  # half the compute plus the collectives
 
 
+def test_torchs_split_backward_refuses_selective_and_recomputes_once_per_parameter_group():
+    """Chapter 12 measured torch 2.13 under the I/W split: selective checkpointing fails, and full
+    checkpointing recomputes a block once in I and once per parameter group in W, on every stage
+    but the first (whose whole backward runs in W). Runtimes that are not torch's (stage_io
+    freed) do neither."""
+    req = CASES["8b"]
+    layer = costs.layer_costs(req.model, H100, 1, 8192)
+    groups = shapes.block_weight_groups(req.model)
+    zbv = search.Layout(1, 2, 4, "ZBVZeroBubble", 2, 1, 32, "zero1", "full")
+    none, _ = search._stage_costs(replace(zbv, recompute="none"), req)
+    full, _ = search._stage_costs(zbv, req)
+    per_stage = 8  # 32 layers on 4 stages
+    assert full[(0, "W")] == pytest.approx(none[(0, "W")])
+    for s in (1, 2, 3):
+        assert full[(s, "I")] - none[(s, "I")] == pytest.approx(per_stage * layer.F)
+        assert full[(s, "W")] - none[(s, "W")] == pytest.approx(per_stage * groups * layer.F)
+    ofob, _ = search._stage_costs(search.Layout(1, 4, 2, "1F1B", 1, 1, 16, "zero1", "full"), req)
+    assert ofob[(1, "W")] == pytest.approx(none[(1, "W")])  # no split, one recomputation
+    freed = replace(req, stage_io="freed")
+    assert search._stage_costs(zbv, freed)[0][(1, "W")] == pytest.approx(none[(1, "W")])
+    for name, v in (("ZBVZeroBubble", 2), ("DualPipeV", 2), ("InterleavedZeroBubble", 2)):
+        layout = search.Layout(1, 2, 4, name, v, 1, 32, "zero1", "selective")
+        assert "selective checkpointing cannot run" in search.constraint_problem(layout, req), name
+        assert search.constraint_problem(layout, freed) is None, name
+    assert search.constraint_problem(search.Layout(1, 2, 4, "Interleaved1F1B", 2, 1, 32, "zero1", "selective"), req) is None
+    ranked, dropped = search.plan(replace(req, schedules=("ZBVZeroBubble",)), keep_all=True)
+    assert all(o.layout.recompute != "selective" for o in ranked if o.layout.p > 1)
+    assert any("selective checkpointing cannot run" in (o.why_not or "") for o in dropped)
+
+
 def test_no_layout_below_its_lower_bound():
     req = CASES["8b"]
     for layout in [search.Layout(1, 2, 4, "1F1B", 1, 1, 32, "zero1", "full"),
@@ -133,6 +163,41 @@ def test_lightened_ends_give_the_first_and_last_stage_fewer_layers():
     assert sum(search.stage_layers(126, 16, 1, 1), []) == list(range(126))
     assert search.stage_layers(4, 4, 2, 2) == [[0], [1], [2], [3]]  # every stage keeps a layer
     assert search.end_weights(request("llama3-405b")) == (1, 1)  # Llama 3's own choice
+
+
+def test_data_parallel_traffic_is_hidden_where_the_frameworks_hide_it():
+    """``_dp_exposed``, mode by mode, against the ring formulas: the gradients' reduction hides
+    behind the last backward (DDP, ZeRO) or behind the step's computation (FSDP alone), and shows
+    where it outlasts it; ZeRO's all-gather hides behind the first forward; FSDP inside a pipeline
+    reduce-scatters after the last backward, so that part always shows. A group larger than a node
+    crosses the network."""
+    req, params = CASES["8b"], 1e9
+    r = memory.RECIPES[req.recipe]
+    grads, weights = params * r.grad_bytes, params * r.weight_bytes
+
+    def exposed(sharding, p=1, dp=8, m=4, busy=0.0, last_backward=0.0, first_forward=0.0, gathers=1.0, rq=req):
+        layout = search.Layout(1, p, dp, "1F1B" if p > 1 else search.NO_PIPELINE, 1, 1, m, sharding, "none")
+        return search._dp_exposed(layout, rq, params, busy, last_backward, first_forward, gathers=gathers)
+
+    reduce = NV.allreduce(grads, 8)
+    assert exposed("none", last_backward=10.0) == (reduce, 0.0)                       # fully hidden
+    assert exposed("none", last_backward=reduce / 4) == pytest.approx((reduce, 0.75 * reduce))  # partly
+    rs, ag = NV.gather(grads, 8), NV.gather(weights, 8)
+    assert exposed("zero1", last_backward=rs / 2, first_forward=10.0) == pytest.approx((rs + ag, rs / 2))
+    assert exposed("zero1", last_backward=10.0, first_forward=ag / 2) == pytest.approx((rs + ag, ag / 2))
+    # FSDP alone: gathered for each microbatch's forward and again for its backward (resharded after
+    # forward), reduced each microbatch; hidden behind the whole step's computation
+    alone = 4 * (2 * ag + rs)
+    assert exposed("fsdp", busy=10.0) == pytest.approx((alone, 0.0))
+    assert exposed("fsdp", busy=alone / 2) == pytest.approx((alone, alone / 2))
+    # inside PipelineStage: the all-gathers hide, the reduce-scatter after the last backward does not
+    assert exposed("fsdp", p=2, dp=4, busy=10.0, gathers=3.0) == pytest.approx(
+        (3 * NV.gather(weights, 4) + NV.gather(grads, 4), NV.gather(grads, 4)))
+    assert exposed("fsdp", p=2, dp=4, busy=0.0, gathers=3.0)[1] == pytest.approx(
+        3 * NV.gather(weights, 4) + NV.gather(grads, 4))
+    wide = request(gpus=32, batch=128)  # 16 replicas x 1 = 16 GPUs: two nodes, over InfiniBand
+    assert exposed("none", p=2, dp=16, rq=wide) == (IB.allreduce(grads, 16), IB.allreduce(grads, 16))
+    assert exposed("none", dp=1) == (0.0, 0.0)
 
 
 def test_sharding_modes_hold_what_they_shard():
@@ -272,10 +337,13 @@ def in_process(args: list[str], capsys) -> tuple[int, str]:
     return status, out.out + out.err
 
 
-def with_change(change: list[str]) -> list[str]:
+def with_change(change: list) -> list[str]:
+    """``GOOD`` with each flag of ``change`` set to the value after it (``None``: the flag removed)."""
     args = list(GOOD)
     for i in range(0, len(change), 2):
-        if change[i] in args:
+        if change[i + 1] is None:
+            del args[args.index(change[i]):args.index(change[i]) + 2]
+        elif change[i] in args:
             args[args.index(change[i]) + 1] = change[i + 1]
         else:
             args += change[i:i + 2]
@@ -308,6 +376,12 @@ def with_change(change: list[str]) -> list[str]:
     (["--layout", "ep=2"], "ep 2 must divide dp"),
     (["--pp", "7"], "no pipeline size of [7] divides"),
     (["--pp", "0"], "--pp must be at least 1"),
+    # argparse's own refusals, in one line with the fix instead of the usage
+    (["--gpus", "abc"], "--gpus takes a whole number"),
+    (["--global-batch", "1.5"], "--global-batch takes a whole number"),
+    (["--gpus", None], "required: --gpus; add --gpus N"),
+    (["--recipe", "fp4"], "invalid choice: 'fp4'"),
+    (["--frobnicate", "3"], "unrecognized arguments: --frobnicate 3; remove it"),
 ])
 def test_bad_requests_get_one_line_and_a_nonzero_exit(change, message, capsys):
     """In this process (``plan.main``); ``test_cli_runs_as_a_reader_runs_it`` runs the module."""
@@ -529,3 +603,64 @@ def test_a_custom_model_from_the_command_line_is_planned(capsys):
                               "--kv-heads", "4", "--ffn", "5632", "--vocab", "32000", "--gpus", "8",
                               "--global-batch", "64", "--seq-len", "2048"], capsys)
     assert status == 0 and "model custom:" in out and "is predicted fastest" in out, out
+
+
+def test_each_gpu_brings_its_servers_network_and_estimates_say_their_efficiency(capsys):
+    """An A100 request without --inter crosses nodes on HDR InfiniBand, as DGX A100s do; a request
+    whose times are estimated prints the fractions of the peak it times them at."""
+    assert all(g.network in hardware.LINKS and g.nvlink in hardware.LINKS for g in hardware.GPUS.values())
+    assert hardware.GPUS["a100-80gb"].network == "ib-hdr200" != hardware.GPUS["h100-sxm"].network
+    status, out = in_process(with_change(["--gpu", "a100-80gb", "--gpus", "16", "--top", "1"]), capsys)
+    assert status == 0 and "links nvlink-a100 / ib-hdr200" in out, out
+    f = costs.efficiency("F", 4096)
+    assert f"a layer's F {100 * f:.0f}%" in out and "of 312 TFLOP/s" in out, out
+    status, out = in_process(with_change(["--gpu", "a100-80gb", "--gpus", "16", "--inter", "ib-ndr400", "--top", "1"]),
+                             capsys)
+    assert "links nvlink-a100 / ib-ndr400" in out
+
+
+def test_a_named_layout_is_compared_with_the_winner_term_by_term():
+    """The parts of a step (computation, recomputation, bubble and hand-offs, data-parallel traffic
+    not hidden, optimizer) add up to the predicted step, recomputation shows only where a layout
+    recomputes, and the explanation names the part where a slower layout loses most."""
+    req = CASES["8b"]
+    ranked, _ = search.plan(req)
+    slow = search.Layout(1, 4, 2, "1F1B", 1, 1, 64, "zero1", "full")
+    for layout in (ranked[0].layout, slow, search.Layout(1, 1, 8, "none", 1, 2, 8, "fsdp", "selective")):
+        pred = search.predict(layout, req, check_memory=False)
+        terms = plan.step_terms(pred, req)
+        assert sum(terms.values()) == pytest.approx(pred.step_s, rel=1e-9), layout.label()
+        assert (terms["recomputation"] > 0) == (layout.recompute != "none"), layout.label()
+        assert (terms["bubble and hand-offs"] > 0.01 * pred.step_s) == (layout.p > 1), layout.label()
+        assert min(terms.values()) >= 0
+    mine, theirs = (plan.step_terms(search.predict(x, req, check_memory=False), req) for x in (slow, ranked[0].layout))
+    worst = max(plan.TERMS, key=lambda k: mine[k] - theirs[k])
+    text = "\n".join(plan.explain(slow, req, ranked))
+    assert f"slower than the winner ({ranked[0].layout.label()}), most of the difference in {worst}" in text, text
+    assert "it is the planner's choice" in "\n".join(plan.explain(ranked[0].layout, req, ranked))
+    unfit = "\n".join(plan.explain(search.Layout(1, 1, 8, "none", 1, 8, 2, "none", "none"), req, ranked))
+    assert "and it does not fit: its fullest GPU holds" in unfit and "GB of activations" in unfit, unfit
+
+
+def test_the_ranked_table_says_how_the_layers_are_balanced():
+    """Two layouts that differ only in their balance print differently."""
+    req = request("llama3-70b", 64, 1024)
+    even = search.Layout(8, 8, 1, "1F1B", 1, 1, 1024, "none", "full", "even")
+    preds = [search.predict(replace(even, balance=b), req, check_memory=False) for b in ("even", "ends")]
+    rows = plan.table(preds, 2)
+    assert "balance" in rows[0] and rows[1] != rows[2] and " even " in rows[1] and " ends " in rows[2]
+
+
+def test_requests_and_shapes_hash_once_and_by_value():
+    """The search's caches are keyed on the request: its hash is computed once, equal requests
+    hash alike, a changed one does not, and a pickled copy (another process salts string hashes
+    differently) computes its own."""
+    import pickle
+
+    a, b = request(), request()
+    assert a is not b and a == b and hash(a) == hash(b) and "_hash" in a.__dict__
+    assert hash(replace(a, global_batch=256)) != hash(a)
+    for obj in (a, a.model):
+        hash(obj)
+        copy = pickle.loads(pickle.dumps(obj))
+        assert copy == obj and "_hash" not in copy.__dict__ and hash(copy) == hash(obj)

@@ -125,3 +125,22 @@ def test_selective_checkpointing_computes_the_same_gradients():
         grads[mode] = [x.grad] + [p.grad for p in block.parameters()]
     for mode in ("full", "selective"):
         assert all(torch.equal(a, b) for a, b in zip(grads[mode], grads["none"])), mode
+
+
+@pytest.mark.parametrize("kernel", ["book", "fused"])
+def test_the_weight_pass_differentiates_the_groups_the_planner_counts(kernel):
+    """Under the split backward torch's weight pass calls autograd once per parameter group, and
+    full checkpointing recomputes the block for each (chapter 12): the planner's count of groups
+    is torch's own grouping (``get_param_groups``, as ``stage_backward_input`` calls it) of the
+    book's block, unfused and fused, GQA or not."""
+    from torch.distributed.pipelining._backward import _get_grad_fn_or_grad_acc, construct_reverse_graph, get_param_groups
+
+    from ppbook.planner.shapes import block_weight_groups
+
+    for cfg in CONFIGS.values():
+        block, x, cos, sin = block_and_inputs(cfg, torch.float32, fused=kernel == "fused")
+        out = block(x, cos, sin)
+        groups = get_param_groups([_get_grad_fn_or_grad_acc(x)],
+                                  [_get_grad_fn_or_grad_acc(p) for p in block.parameters()],
+                                  construct_reverse_graph([out.grad_fn]))
+        assert len(groups) == block_weight_groups(shape_of(cfg)) == 9

@@ -78,3 +78,30 @@ def test_framework_runtimes_decide_the_stage_buffers(rows):
     (torch's PipelineStage) keeps a buffer per microbatch."""
     assert all(r.buffers == 0 for r in rows["megatron-2021-530b"].published.memory)
     assert all(r.buffers > 0 for r in rows["torchtitan-405b-512-1f1b"].published.memory)
+
+
+def test_runs_on_gpus_without_a_published_peak_are_timed_and_read(rows):
+    """torchtitan's 500 W H100s have no published peak; their bf16 runs are timed all the same
+    (at the SXM's peak that stands in) and read as misses or not by the tolerance, while the
+    Float8 runs are not timed at all."""
+    capped = [c for c in rows.values() if "preset" not in c.row["gpu"] and c.row["throughput"].get("comparable", True)]
+    assert len(capped) == 4 and all(c.throughput_comparable and c.throughput_reading == "over" for c in capped)
+    for c in rows.values():
+        if c.throughput_comparable:
+            error = c.throughput_error
+            assert c.throughput_reading == ("within" if abs(error) <= published.THROUGHPUT else
+                                            "over" if error > 0 else "under"), c.row["id"]
+        else:
+            assert c.throughput_reading == "not timed"
+        assert (c.memory_reading is None) == (c.row["peak_memory"] is None), c.row["id"]
+
+
+def test_how_much_each_row_leaves_to_choose(rows):
+    """torchtitan's table of schedules fixes tp, pp and dp: its rows leave one size and only the
+    schedules and stage counts torch accepts; every other row leaves many sizes."""
+    for rid, c in rows.items():
+        req = published.request(c.row, DATA)
+        valid = [x for x in search.candidates(req) if search.constraint_problem(x, req) is None]
+        assert c.weighed == len(valid) and c.sizes_weighed == len({(x.tp, x.p, x.dp) for x in valid}), rid
+        assert c.published.layout in valid, rid
+        assert (c.sizes_weighed == 1) == rid.startswith("torchtitan-405b-512"), rid

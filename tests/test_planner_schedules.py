@@ -15,14 +15,16 @@ GRID = [(name, p, m, v) for name in S.TORCH_SCHEDULES for p in (1, 2, 3, 4, 5, 8
         for m in range(1, 3 * p + 3) for v in ((2, 3, 4) if S.placement(name) == "loop" else (2,))]
 
 
-def test_the_planner_imports_no_torch():
+def test_the_planner_imports_no_torch_and_nothing_of_ppbook_outside_it():
     """The planner runs where torch cannot (the site's planner page is its port): importing all
-    of it must not import torch."""
+    of it must not import torch, nor any module of ``ppbook`` outside ``ppbook.planner`` (one
+    subpackage holds everything it computes with)."""
     code = ("import sys, importlib, pkgutil, ppbook.planner as p\n"
             "for m in pkgutil.iter_modules(p.__path__): importlib.import_module('ppbook.planner.' + m.name)\n"
-            "print(sorted(k for k in sys.modules if k == 'torch' or k.startswith('torch.')))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "[]", out
+            "print(sorted(k for k in sys.modules if k == 'torch' or k.startswith('torch.')))\n"
+            "print(sorted(k for k in sys.modules if k.startswith('ppbook.') and not k.startswith('ppbook.planner')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120).stdout
+    assert out.split("\n")[:2] == ["[]", "[]"], out
 
 
 def test_placement_is_torchs():

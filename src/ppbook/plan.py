@@ -33,8 +33,33 @@ GB = memory.GB
 
 # --- the request -------------------------------------------------------------------------------------------
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad command line gets one line naming the fix (not the whole usage), and
+    exit status 2, like every other bad request."""
+
+    def error(self, message: str):
+        print(f"ppbook.plan: error: {message}; {_fix(message)}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _fix(message: str) -> str:
+    """What to do about one of argparse's messages."""
+    flag = message.split(":")[0].removeprefix("argument ").split("/")[-1].strip()
+    if "invalid int value" in message:
+        return f"{flag} takes a whole number, such as {flag} 8"
+    if "invalid float value" in message:
+        return f"{flag} takes a number, such as 0.1 or 80"
+    if "required" in message:
+        return f"add {message.split(': ', 1)[1].replace(', ', ' N, ')} N (--help lists every flag)"
+    if "invalid choice" in message:
+        return "use one of the choices listed"
+    if "expected" in message:
+        return f"give {flag} its value (--help shows it)"
+    return "remove it or fix its spelling (--help lists every flag)"
+
+
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m ppbook.plan", description=__doc__.split("\n")[0])
+    p = _Parser(prog="python -m ppbook.plan", description=__doc__.split("\n")[0])
     g = p.add_argument_group("model")
     g.add_argument("--model", required=True,
                    help=f"a preset ({', '.join(shapes.PRESETS)}), the path of a Hugging Face config.json, or "
@@ -49,7 +74,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--gpus", type=int, required=True, help="GPUs in all")
     g.add_argument("--gpus-per-node", type=int, default=8)
     g.add_argument("--intra", default=None, help=f"link within a node (default: the GPU's): {', '.join(hardware.LINKS)}")
-    g.add_argument("--inter", default=hardware.INTER_DEFAULT, help="link between nodes")
+    g.add_argument("--inter", default=None, help="link between nodes (default: the network of the GPU's usual server, "
+                                                  "e.g. ib-hdr200 for A100s, ib-ndr400 for H100s)")
     for side in ("intra", "inter"):
         g.add_argument(f"--{side}-bandwidth", type=float, default=None, help=f"GB/s per GPU each way (overrides --{side})")
         g.add_argument(f"--{side}-latency", type=float, default=None, help="microseconds per message (overrides)")
@@ -67,9 +93,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="under FSDP, free a block's gathered weights after its forward: always, never, or default "
                         "(torchtitan's: yes without a pipeline, no inside one)")
     g.add_argument("--stage-io", choices=memory.STAGE_IO, default="torch",
-                   help="torch: torch's PipelineStage keeps a receive buffer per microbatch and each stage's "
-                        "output until its backward; freed: a runtime that frees them once used (Megatron-LM, "
-                        "DeepSpeed)")
+                   help="the pipeline's runtime. torch: torch's PipelineStage keeps a receive buffer per microbatch "
+                        "and each stage's output until its backward, and its split backward (the zero-bubble and "
+                        "V schedules) refuses selective checkpointing and recomputes a fully checkpointed block once "
+                        "per parameter group; freed: a runtime that frees them once used and does neither "
+                        "(Megatron-LM, DeepSpeed)")
     g.add_argument("--headroom", type=float, default=0.1, help="fraction of each GPU kept free")
     g = p.add_argument_group("what to search (default: everything)")
     g.add_argument("--tp", type=int, nargs="+", default=None, help="tensor-parallel sizes to try")
@@ -140,7 +168,7 @@ def request_from(args: argparse.Namespace) -> search.Request:
         if overrides:
             gpu = replace(gpu, name=gpu.name + " (modified)", **overrides)
     links = {}
-    for side, default in (("intra", args.intra or gpu.nvlink), ("inter", args.inter)):
+    for side, default in (("intra", args.intra or gpu.nvlink), ("inter", args.inter or gpu.network)):
         base = hardware.link(default)
         bw, lat = getattr(args, f"{side}_bandwidth"), getattr(args, f"{side}_latency")
         links[side] = base if bw is None and lat is None else hardware.custom_link(
@@ -250,19 +278,28 @@ def header(req: search.Request) -> list[str]:
              f"batch {req.global_batch} x {req.seq_len} tokens; usable memory {req.usable_bytes / GB:.1f} GB per GPU",
              "action times: " + ("measured on an H100 (data/gpu/h100_llama3_costs.json)" if measured else
                                  "estimated from FLOPs at the efficiency the book measured on an H100 "
-                                 "(ppbook.planner.costs), scaled to this GPU's peak")]
+                                 "(ppbook.planner.costs), scaled to this GPU's peak: " + efficiencies(req))]
     return lines
+
+
+def efficiencies(req: search.Request) -> str:
+    """The fractions of the GPU's peak the estimated passes are timed at, for this model's width."""
+    h = req.model.hidden
+    layer = ", ".join(f"{k} {100 * search.costs.efficiency(k, h):.0f}%" for k in ("F", "I", "W"))
+    head = ", ".join(f"{k} {100 * search.costs.efficiency('head_' + k, h):.0f}%" for k in ("F", "I", "W"))
+    return (f"a layer's {layer}, the head's {head} of {req.gpu.bf16_tflops:g} TFLOP/s "
+            f"(hidden size {h}; fitted lines in log2(h / 4096))")
 
 
 def table(ranked: list[search.Prediction], top: int) -> list[str]:
     experts = any(o.layout.ep > 1 for o in ranked[:top])  # an ep column only where expert parallelism is used
     rows = [f"{'':>3} {'tp':>2} {'pp':>3} {'v':>2} {'dp':>4} " + (f"{'ep':>3} " if experts else "") +
-            f"{'sharding':>8} {'schedule':>21} {'b':>2} {'m':>5} "
+            f"{'sharding':>8} {'schedule':>21} {'balance':>7} {'b':>2} {'m':>5} "
             f"{'recompute':>9} {'step s':>8} {'tok/s/GPU':>9} {'MFU':>5} {'bubble':>6} {'GB/GPU':>6}"]
     for i, o in enumerate(ranked[:top], 1):
         c = o.layout
         rows.append(f"{i:>3} {c.tp:>2} {c.p:>3} {c.v:>2} {c.dp:>4} " + (f"{c.ep:>3} " if experts else "") +
-                    f"{c.sharding:>8} {c.schedule:>21} {c.b:>2} "
+                    f"{c.sharding:>8} {c.schedule:>21} {c.balance if c.p > 1 else '':>7} {c.b:>2} "
                     f"{c.m:>5} {c.recompute:>9} {o.step_s:>8.2f} {o.tokens_per_s_per_gpu:>9.0f} "
                     f"{100 * o.mfu:>4.0f}% {100 * o.bubble:>5.1f}% {o.peak_gb:>6.1f}")
     return rows
@@ -302,28 +339,64 @@ def why_winner(ranked: list[search.Prediction]) -> str:
     return "; ".join(parts) + "."
 
 
+TERMS = ("computation", "recomputation", "bubble and hand-offs", "data-parallel traffic not hidden", "optimizer step")
+
+
+def step_terms(pred: search.Prediction, req: search.Request) -> dict[str, float]:
+    """A predicted step time as the sum of its parts on the GPU that finishes last (the one that
+    sets it): its passes without recomputation (tensor parallelism's collectives and the
+    all-to-all included), the forwards it runs again, the time it waits inside the pipeline (the
+    bubble and the hand-offs), the data-parallel traffic computation does not hide, and the
+    optimizer's step. They add up to ``pred.step_s``."""
+    layout, c = pred.layout, pred.detail["critical"]
+    stages = search._owned(layout, c["rank"])
+    with_redo, _ = search._stage_costs(layout, req)
+    without, _ = search._stage_costs(replace(layout, recompute="none"), req)
+    redo = layout.m * sum(with_redo[(s, k)] - without[(s, k)] for s in stages for k in ("F", "B"))
+    return {"computation": c["busy_s"] - redo, "recomputation": redo, "bubble and hand-offs": c["end_s"] - c["busy_s"],
+            "data-parallel traffic not hidden": c["dp_exposed_s"], "optimizer step": c["optimizer_s"]}
+
+
 def explain(layout: search.Layout, req: search.Request, ranked: list[search.Prediction]) -> list[str]:
+    """A named layout: its memory per GPU, its step time part by part beside the winner's, and
+    which part makes it slower and which kind of memory keeps it from fitting."""
     pred = search.predict(layout, req, check_memory=False)
     lines = [f"layout {layout.label()}:"]
     fits = pred.peak_bytes <= req.usable_bytes
     worst = max(pred.memory, key=lambda r: r.total)
+    kinds = {k: getattr(worst, k) for k in search.MEMORY_KINDS}
     if fits:
         lines.append(f"  fits: {pred.peak_gb:.1f} GB on the fullest GPU (rank {worst.rank})")
     else:
-        kinds = {k: getattr(worst, k) for k in search.MEMORY_KINDS}
         big = max(kinds, key=kinds.get)
         lines.append(f"  does not fit: rank {worst.rank} needs {worst.total / GB:.1f} GB of {req.usable_bytes / GB:.1f} "
                      f"usable, most of it {big} ({kinds[big] / GB:.1f} GB)")
     lines += breakdown(pred, req)
+    mine = step_terms(pred, req)
+    win = ranked[0] if ranked else None
+    theirs = step_terms(win, req) if win is not None else None
     lines.append(f"  {pred.step_s:.2f} s per step: pipeline {pred.pipeline_s:.2f} s (bubble {100 * pred.bubble:.1f}%), "
                  f"data-parallel traffic not hidden {pred.dp_exposed_s:.2f} s, optimizer {pred.optimizer_s:.2f} s")
-    if ranked:
-        win = ranked[0]
-        slower = 100 * (pred.step_s / win.step_s - 1)
-        verdict = "it is the planner's choice" if win.layout == layout else \
-            f"{slower:.1f}% {'slower' if slower >= 0 else 'faster'} than the winner ({win.layout.label()})" + \
-            ("" if fits else ", but it does not fit")
-        lines.append("  " + verdict)
+    header = f"  {'seconds per step, on the GPU that finishes last':<48} {'this layout':>11}"
+    lines.append(header + (f" {'winner':>8} {'difference':>10}" if theirs else ""))
+    for term in TERMS:
+        row = f"  {term:<48} {mine[term]:>11.2f}"
+        lines.append(row + (f" {theirs[term]:>8.2f} {mine[term] - theirs[term]:>+10.2f}" if theirs else ""))
+    if win is None:
+        return lines
+    if win.layout == layout:
+        lines.append("  it is the planner's choice")
+        return lines
+    slower = 100 * (pred.step_s / win.step_s - 1)
+    term = max(TERMS, key=lambda k: mine[k] - theirs[k]) if slower >= 0 else min(TERMS, key=lambda k: mine[k] - theirs[k])
+    verdict = (f"  {abs(slower):.1f}% {'slower' if slower >= 0 else 'faster'} than the winner ({win.layout.label()}), "
+               f"most of the difference in {term} ({mine[term] - theirs[term]:+.2f} s)")
+    if not fits:
+        theirs_mem = max(win.memory, key=lambda r: r.total)
+        tip = max(search.MEMORY_KINDS, key=lambda k: kinds[k] - getattr(theirs_mem, k))
+        verdict += (f"; and it does not fit: its fullest GPU holds {kinds[tip] / GB:.1f} GB of {tip}, "
+                    f"{(kinds[tip] - getattr(theirs_mem, tip)) / GB:.1f} GB more than the winner's fullest GPU")
+    lines.append(verdict)
     return lines
 
 

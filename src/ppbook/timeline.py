@@ -20,29 +20,12 @@ import functools
 import time
 from statistics import median_high
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 from ppbook.dataflow import waits_on
+from ppbook.planner.events import Event  # the format, shared with the torch-free simulator
 
 KIND_COLOURS = {"F": "#4C72B0", "B": "#DD8452", "I": "#C44E52", "W": "#55A868"}
-
-
-@dataclass(frozen=True)
-class Event:
-    rank: int
-    stage: int
-    kind: str  # "F", "B", "I" or "W"
-    microbatch: int
-    start: float  # seconds; after gather(), from the first action of the step on any rank
-    end: float
-
-    @property
-    def label(self) -> str:
-        return f"{self.stage}{self.kind}{self.microbatch}"
-
-    @property
-    def duration(self) -> float:
-        return self.end - self.start
 
 
 class Recorder:

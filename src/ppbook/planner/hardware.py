@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 from ppbook.planner import traffic
 
+INTER_DEFAULT = "ib-ndr400"  # the network of a GPU given without one
+
 
 @dataclass(frozen=True)
 class GPU:
@@ -23,6 +25,7 @@ class GPU:
     hbm_tb_s: float        # memory bandwidth
     nvlink: str            # the intra-node link preset of its usual server
     source: str = ""
+    network: str = INTER_DEFAULT  # the inter-node link preset of its usual server (one adapter per GPU)
 
 
 @dataclass(frozen=True)
@@ -58,15 +61,18 @@ class Link:
 
 
 _DS = "NVIDIA {} datasheet"
+# The network of each GPU's usual server: DGX A100's HDR InfiniBand (200 Gb/s per GPU), DGX H100's,
+# H200's and B200's ConnectX-7 (NDR, 400 Gb/s per GPU; DeepSeek's H800 cluster likewise), and the
+# 400 GbE RoCE adapters of MI300X platforms.
 GPUS: dict[str, GPU] = {g.name: g for g in [
-    GPU("a100-40gb", 40, 312, 1.555, "nvlink-a100", _DS.format("A100 Tensor Core GPU (SXM4 40GB)")),
-    GPU("a100-80gb", 80, 312, 2.039, "nvlink-a100", _DS.format("A100 Tensor Core GPU (SXM4 80GB)")),
-    GPU("h100-sxm", 80, 989, 3.35, "nvlink-h100", _DS.format("H100 Tensor Core GPU (SXM5)")),
-    GPU("h100-pcie", 80, 756, 2.0, "pcie-gen5", _DS.format("H100 Tensor Core GPU (PCIe)")),
-    GPU("h800", 80, 989, 3.35, "nvlink-h800", "NVIDIA H800 (SXM5): H100 compute, NVLink at 400 GB/s"),
-    GPU("h200", 141, 989, 4.8, "nvlink-h100", _DS.format("H200 Tensor Core GPU (SXM)")),
-    GPU("b200", 180, 2250, 8.0, "nvlink-b200", _DS.format("HGX B200 / DGX B200")),
-    GPU("mi300x", 192, 1307, 5.3, "xgmi-mi300x", "AMD Instinct MI300X data sheet"),
+    GPU("a100-40gb", 40, 312, 1.555, "nvlink-a100", _DS.format("A100 Tensor Core GPU (SXM4 40GB)"), "ib-hdr200"),
+    GPU("a100-80gb", 80, 312, 2.039, "nvlink-a100", _DS.format("A100 Tensor Core GPU (SXM4 80GB)"), "ib-hdr200"),
+    GPU("h100-sxm", 80, 989, 3.35, "nvlink-h100", _DS.format("H100 Tensor Core GPU (SXM5)"), "ib-ndr400"),
+    GPU("h100-pcie", 80, 756, 2.0, "pcie-gen5", _DS.format("H100 Tensor Core GPU (PCIe)"), "ib-ndr400"),
+    GPU("h800", 80, 989, 3.35, "nvlink-h800", "NVIDIA H800 (SXM5): H100 compute, NVLink at 400 GB/s", "ib-ndr400"),
+    GPU("h200", 141, 989, 4.8, "nvlink-h100", _DS.format("H200 Tensor Core GPU (SXM)"), "ib-ndr400"),
+    GPU("b200", 180, 2250, 8.0, "nvlink-b200", _DS.format("HGX B200 / DGX B200"), "ib-ndr400"),
+    GPU("mi300x", 192, 1307, 5.3, "xgmi-mi300x", "AMD Instinct MI300X data sheet", "roce-400g"),
 ]}
 
 LINKS: dict[str, Link] = {k.name: k for k in [
@@ -85,8 +91,6 @@ LINKS: dict[str, Link] = {k.name: k for k in [
     Link("roce-400g", 1e-5, 50e9, "400 GbE RoCE v2, one adapter per GPU; latency assumed"),
     Link("ib-xdr800", 8e-6, 100e9, "InfiniBand XDR 800 Gb/s, one adapter per GPU (ConnectX-8); latency assumed"),
 ]}
-
-INTER_DEFAULT = "ib-ndr400"
 
 
 def fit_link(sizes: list[float], seconds: list[float], name: str = "measured") -> Link:
@@ -115,8 +119,9 @@ def link(name: str) -> Link:
     return LINKS[name]
 
 
-def custom_gpu(memory_gb: float, bf16_tflops: float, hbm_tb_s: float, nvlink: str = "nvlink-h100") -> GPU:
-    return GPU("custom", memory_gb, bf16_tflops, hbm_tb_s, nvlink, "given on the command line")
+def custom_gpu(memory_gb: float, bf16_tflops: float, hbm_tb_s: float, nvlink: str = "nvlink-h100",
+               network: str = INTER_DEFAULT) -> GPU:
+    return GPU("custom", memory_gb, bf16_tflops, hbm_tb_s, nvlink, "given on the command line", network)
 
 
 def custom_link(name: str, bandwidth_gb_s: float, latency_us: float) -> Link:

@@ -360,6 +360,13 @@
     return norms + attentionParameters(s) + s.hidden * s.experts + used;
   }
 
+  // port of shapes.block_weight_groups: the parameter groups torch's weight pass differentiates apart
+  function blockWeightGroups(s, moeLayer) {
+    var attention = isMla(s) ? (s.q_lora_rank ? 3 : 1) + 3 + 1 : 4, matrices = s.mlp === "swiglu" ? 3 : 2;
+    var mlp = moeLayer ? 1 + matrices + (s.shared_experts ? matrices : 0) : matrices;
+    return 2 + attention + mlp;
+  }
+
   function embeddingParameters(s) {
     var h = s.hidden;
     return s.vocab * h + (s.position === "learned" ? s.max_positions * h : 0) + (s.embed_norm ? normParams(s, h) : 0);
@@ -862,9 +869,19 @@
       list.join(", ") + "); use a multiple of " + smallest + ", e.g. " + Math.ceil(req.global_batch / smallest) * smallest;
   };
 
+  // port of constraint_problem
   Planner.prototype.constraintProblem = function (L) {
     if (L.schedule === NO_PIPELINE) return null;
+    if (L.recompute === "selective" && this.torchSplitBackward(L))
+      return "selective checkpointing cannot run under Schedule" + L.schedule + ": torch 2.13's weight-gradient " +
+        "pass runs a second backward through each block, which selective checkpointing refuses ('Trying to " +
+        "backward an extra time', chapter 12); use recompute none or full, or a schedule without the I/W split";
     return scheduleProblem(L.schedule, L.p, L.m, L.v, this.req.model.layers);
+  };
+
+  // port of _torch_split_backward
+  Planner.prototype.torchSplitBackward = function (L) {
+    return SPLIT_BACKWARD.indexOf(L.schedule) >= 0 && this.req.stage_io === "torch";
   };
 
   Planner.prototype.order = function (name, p, m, v) {
@@ -949,13 +966,13 @@
   // port of _stage_costs: the per-microbatch seconds of each stage's F, I, W and B under layout L
   Planner.prototype.costsOf = function (L) {
     return this.stageCosts(L.tp, numStages(L), L.balance, L.b, L.recompute, L.ep || 1,
-                           OVERLAPS_ALL_TO_ALL.indexOf(L.schedule) >= 0);
+                           OVERLAPS_ALL_TO_ALL.indexOf(L.schedule) >= 0, this.torchSplitBackward(L));
   };
 
-  Planner.prototype.stageCosts = function (tp, nStagesValue, balance, b, recompute, ep, overlap) {
+  Planner.prototype.stageCosts = function (tp, nStagesValue, balance, b, recompute, ep, overlap, split) {
     var self = this;
-    ep = ep || 1; overlap = !!overlap;
-    return this.cached("stagecosts", [tp, nStagesValue, balance, b, recompute, ep, overlap].join("|"), function () {
+    ep = ep || 1; overlap = !!overlap; split = !!split;
+    return this.cached("stagecosts", [tp, nStagesValue, balance, b, recompute, ep, overlap, split].join("|"), function () {
       var req = self.req, s = req.model, layers = self.layersOf(nStagesValue, balance);
       var dense = layerCosts(s, req.gpu, b, req.seq_len, false, req.measured_costs);
       var moe = isMoe(s) ? layerCosts(s, req.gpu, b, req.seq_len, true, req.measured_costs) : dense;
@@ -971,7 +988,8 @@
       };
       var redo = {false: {none: 0, full: dense.F, selective: dense.F * self.selectiveShare(false)},
         true: {none: 0, full: moe.F, selective: moe.F * self.selectiveShare(true)}};
-      var out = {}, n = layers.length;
+      var out = {}, n = layers.length, perGroup = split && recompute === "full";
+      var groups = {false: blockWeightGroups(s, false), true: blockWeightGroups(s, true)};
       layers.forEach(function (owned, st) {
         var f = 0, i = 0, w = 0, nMoe = countMoe(s, owned);
         [[false, owned.length - nMoe], [true, nMoe]].forEach(function (pair) {
@@ -980,7 +998,7 @@
             var c = isM ? moe : dense;
             f += count * withA2a(c.F / tp + tpHalf, isM);
             i += count * withA2a((c.I + redo[isM][recompute]) / tp + tpHalf, isM);
-            w += count * c.W / tp;
+            w += count * (c.W + (perGroup && st > 0 ? groups[isM] * c.F : 0)) / tp;
           }
         });
         if (st === n - 1) { f = f + head.F / tp; i = i + head.I / tp; w = w + head.W / tp; }

@@ -105,6 +105,8 @@ class Comparison:
     choice: search.Prediction | None   # the planner's choice under the run's constraints
     unconstrained: search.Prediction | None  # ... with everything torch 2.13 offers
     published_tps: float | None      # None: not published, or not comparable
+    weighed: int = 0                 # layouts the run's constraints leave the planner to choose among
+    sizes_weighed: int = 0           # ... of as many (tp, pp, dp) sizes
 
     @property
     def is_choice(self) -> bool:
@@ -132,9 +134,10 @@ class Comparison:
 
     @property
     def throughput_comparable(self) -> bool:
-        """Published throughput is comparable unless there is none, the run's recipe is one the
-        planner does not time (``throughput.comparable`` false, with its reason), or the GPUs'
-        peak was not published."""
+        """Published throughput is comparable unless there is none or the run's recipe is one the
+        planner does not time (``throughput.comparable`` false, with its reason). A GPU whose peak
+        was not published (torchtitan's 500 W H100s) is compared all the same, at the peak that
+        stands in for it: where it misses, the chapter says so."""
         return self.incomparable_because is None
 
     @property
@@ -145,9 +148,26 @@ class Comparison:
             return "no throughput published"
         if not t.get("comparable", True):
             return t["why"]
-        if "preset" not in self.row["gpu"]:
-            return "the GPUs' dense peak is not published"
         return None
+
+    @property
+    def throughput_reading(self) -> str:
+        """``within`` :data:`THROUGHPUT` of the published, ``over`` or ``under`` it, or ``not timed``."""
+        if not self.throughput_comparable:
+            return "not timed"
+        if abs(self.throughput_error) <= THROUGHPUT:
+            return "within"
+        return "over" if self.throughput_error > 0 else "under"
+
+    @property
+    def memory_reading(self) -> str | None:
+        """``within`` :data:`MEMORY` of the published peak, ``above`` or ``below`` it; ``None``
+        where no peak was published."""
+        if self.memory_error is None:
+            return None
+        if abs(self.memory_error) <= MEMORY:
+            return "within"
+        return "above" if self.memory_error > 0 else "below"
 
 
 def compare(row: dict, data: dict | None = None, unconstrained: bool = False) -> Comparison:
@@ -167,5 +187,6 @@ def compare(row: dict, data: dict | None = None, unconstrained: bool = False) ->
         raise ValueError(f"{row['id']}: no layout matches the published one; check runs.json")
     ranked, _ = search.plan(req)
     free = search.plan(request(row, data, constrained=False))[0] if unconstrained else []
+    weighed = [c for c in search.candidates(req) if search.constraint_problem(c, req) is None]
     return Comparison(row, best, ranked[0] if ranked else None, free[0] if free else None,
-                      published_tokens_per_s(row))
+                      published_tokens_per_s(row), len(weighed), len({(c.tp, c.p, c.dp) for c in weighed}))

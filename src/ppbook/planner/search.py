@@ -34,8 +34,8 @@ import functools
 import math
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 
-from ppbook.fsdp_window import MAX_ACTIVE_STAGES, StageGroups, fsdp_step
 from ppbook.planner import costs, memory, schedules, shapes, traffic
+from ppbook.planner.fsdp_window import MAX_ACTIVE_STAGES, StageGroups, fsdp_step
 from ppbook.planner.hardware import GPU, Link
 from ppbook.planner.shapes import ModelShape, embedding_parameters, head_parameters, layer_parameters
 from ppbook.planner.simulate import Compiled, Event, compile_order, run
@@ -71,7 +71,21 @@ class Request:
     balances: tuple[str, ...] = BALANCES
     measured_costs: bool = True        # use the book's H100 measurements where they match
     fsdp_reshard: str = "default"      # torchtitan's fsdp_reshard_after_forward: default, always, never
-    stage_io: str = "torch"            # torch's PipelineStage buffers, or "freed" (Megatron-LM, DeepSpeed, Llama 3)
+    stage_io: str = "torch"            # torch's runtime (PipelineStage buffers, its split backward's limits: see
+    #                                    constraint_problem), or "freed" (Megatron-LM, DeepSpeed, Llama 3)
+
+    def __hash__(self) -> int:
+        # computed once: every cache of the search is keyed on the request, whose model, GPU and
+        # links hash field by field (hashing it anew on every look-up took a tenth of a search)
+        cached = self.__dict__.get("_hash")
+        if cached is None:
+            cached = hash(tuple(getattr(self, f.name) for f in fields(self)))
+            object.__setattr__(self, "_hash", cached)
+        return cached
+
+    def __getstate__(self) -> dict:
+        # a pickled copy hashes anew: another process salts the hashes of strings differently
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
 
     @property
     def usable_bytes(self) -> float:
@@ -102,7 +116,10 @@ class Layout:
 
     @property
     def num_stages(self) -> int:
-        return self.p * (1 if self.schedule == NO_PIPELINE else schedules.stages_per_rank(self.schedule, self.v))
+        kind = "single" if self.schedule == NO_PIPELINE else schedules.PLACEMENT.get(self.schedule)
+        if kind is None:
+            schedules.placement(self.schedule)  # raises: an unknown schedule
+        return self.p * {"single": 1, "loop": self.v, "v": 2}[kind]
 
 
 MEMORY_KINDS = ("parameters", "gradients", "optimizer", "activations", "logits", "buffers")
@@ -257,9 +274,22 @@ def _candidates_of(req: Request, tp: int, p: int, dp: int, ep: int) -> list[Layo
 
 
 def constraint_problem(layout: Layout, req: Request) -> str | None:
+    """Why ``layout`` cannot run (its schedule's constraints; selective checkpointing under torch's
+    split backward), as one line naming the fix; ``None`` if it can."""
     if layout.schedule == NO_PIPELINE:
         return None
+    if layout.recompute == "selective" and _torch_split_backward(layout, req):
+        return (f"selective checkpointing cannot run under Schedule{layout.schedule}: torch 2.13's weight-gradient "
+                "pass runs a second backward through each block, which selective checkpointing refuses ('Trying to "
+                "backward an extra time', chapter 12); use recompute none or full, or a schedule without the I/W split")
     return schedules.schedule_problem(layout.schedule, layout.p, layout.m, layout.v, req.model.layers)
+
+
+def _torch_split_backward(layout: Layout, req: Request) -> bool:
+    """Whether torch's own runtime (``stage_io="torch"``) runs ``layout``'s schedule with its backward
+    split into I and W: the weight pass then differentiates each group of parameters apart
+    (:func:`ppbook.planner.shapes.block_weight_groups`)."""
+    return layout.schedule in schedules.SPLIT_BACKWARD and req.stage_io == "torch"
 
 
 def request_problem(req: Request) -> str | None:
@@ -402,7 +432,7 @@ OVERLAPS_ALL_TO_ALL = ("DualPipeV",)  # schedules whose runtime overlaps one mic
 def _stage_costs(layout: Layout, req: Request, layers: list[list[int]] | None = None) -> tuple[dict, bool]:
     """Seconds of each (stage, kind) for one microbatch, and whether any came from FLOPs."""
     return _stage_costs_cached(req, layout.tp, layout.num_stages, layout.balance, layout.b, layout.recompute,
-                               layout.ep, layout.schedule in OVERLAPS_ALL_TO_ALL)
+                               layout.ep, layout.schedule in OVERLAPS_ALL_TO_ALL, _torch_split_backward(layout, req))
 
 
 def alltoall_seconds(req: Request, nbytes: float, ep: int, tp: int) -> float:
@@ -422,7 +452,11 @@ def alltoall_seconds(req: Request, nbytes: float, ep: int, tp: int) -> float:
 
 @functools.lru_cache(maxsize=16384)
 def _stage_costs_cached(req: Request, tp: int, num_stages: int, balance: str, b: int, recompute: str, ep: int = 1,
-                        overlap: bool = False) -> tuple[dict, bool]:
+                        overlap: bool = False, split: bool = False) -> tuple[dict, bool]:
+    """Recomputation runs each recomputed block's forward again in the backward: once, or, with
+    full checkpointing under torch's split backward (``split``), once in I and once more per
+    group of parameters in W (:func:`ppbook.planner.shapes.block_weight_groups`), on every stage
+    but the first, whose backward torch runs whole in W (chapter 12 measured both)."""
     shape = req.model
     first, last = end_weights(req) if balance == "ends" else (0, 0)
     layers = _stage_layers_cached(shape.layers, num_stages, first, last)
@@ -452,15 +486,23 @@ def _stage_costs_cached(req: Request, tp: int, num_stages: int, balance: str, b:
             return compute
         return max(compute, a2a) if overlap else compute + a2a
 
+    per_group = split and recompute == "full"
+    # one layer's seconds per pass, dense and MoE, and its weight pass with recomputation per group
+    per_layer = {}
+    for is_moe, c in ((False, dense), (True, moe)):
+        groups = shapes.block_weight_groups(shape, is_moe)
+        per_layer[is_moe] = (with_a2a(c.F / tp + tp_half, is_moe),
+                             with_a2a((c.I + redo[is_moe][layout.recompute]) / tp + tp_half, is_moe),
+                             (c.W + 0.0) / tp, (c.W + (groups * c.F if per_group else 0.0)) / tp)
     for s, owned in enumerate(layers):
         f = i = w = 0.0
-        n_moe = sum(1 for index in owned if shape.moe and index >= shape.dense_layers)
+        n_moe = sum(1 for index in owned if index >= shape.dense_layers) if shape.moe else 0
         for is_moe, count in ((False, len(owned) - n_moe), (True, n_moe)):
             if count:
-                c = moe if is_moe else dense
-                f += count * with_a2a(c.F / tp + tp_half, is_moe)
-                i += count * with_a2a((c.I + redo[is_moe][layout.recompute]) / tp + tp_half, is_moe)
-                w += count * c.W / tp
+                lf, li, lw, lw_redo = per_layer[is_moe]
+                f += count * lf
+                i += count * li
+                w += count * (lw_redo if s > 0 else lw)
         if s == n - 1:
             f, i, w = f + head.F / tp, i + head.I / tp, w + head.W / tp
         out[(s, "F")], out[(s, "I")], out[(s, "W")], out[(s, "B")] = f, i, w, i + w
@@ -578,7 +620,17 @@ def _rank_state(layout: Layout, req: Request, t: _Tables, stages: list[int]) -> 
     """(parameters outside the routed experts, routed-expert parameters, training state) of one
     GPU holding ``stages``. Expert parallelism keeps ``1/ep`` of each MoE layer's routed experts
     on a GPU, and their state is sharded over the ``dp / ep`` replicas that hold the same experts;
-    the rest is sharded over all ``dp``."""
+    the rest is sharded over all ``dp``. (``t``'s parameters do not depend on the microbatch or
+    the recomputation, so the result is cached without them.)"""
+    return _rank_state_cached(req, layout.num_stages, layout.balance, layout.tp, tuple(stages), layout.sharding,
+                              layout.dp, layout.ep, layout.p)
+
+
+@functools.lru_cache(maxsize=65536)
+def _rank_state_cached(req: Request, num_stages: int, balance: str, tp: int, stages: tuple[int, ...], sharding: str,
+                       dp: int, ep: int, p: int) -> tuple[float, float, memory.State]:
+    t = _tables(req, num_stages, balance, 1, "none", tp)
+    layout = Layout(tp, p, dp, NO_PIPELINE, 1, 1, 1, sharding, "none", balance, ep)  # what the state depends on
     params = sum(t.params[s] for s in stages)
     experts = sum(t.experts[s] for s in stages)
     dense, local = params - experts, experts / layout.ep
@@ -593,7 +645,7 @@ def _rank_state(layout: Layout, req: Request, t: _Tables, stages: list[int]) -> 
             memory.reshards_after_forward(req.fsdp_reshard, pipelined))
         if pipelined and len(stages) > MAX_ACTIVE_STAGES:
             # torch's runtime gathers a rank's next MAX_ACTIVE_STAGES stages and frees the others
-            # (ppbook.fsdp_window); their gradients stay unsharded, accumulated, until the step's end
+            # (ppbook.planner.fsdp_window); their gradients stay unsharded, accumulated, until the step's end
             sizes = sorted((_fsdp_share(t, s, layout.ep) for s in stages), reverse=True)
             gathered = sum(sizes[:MAX_ACTIVE_STAGES])
     state = memory.state_bytes(dense, recipe, layout.sharding, layout.dp, gathered, unsharded)
@@ -614,7 +666,7 @@ def _fsdp_gathered_per_step(name: str, p: int, m: int, v: int, rank: int, reshar
                             groups: tuple[tuple[int, float, float, int], ...]) -> float:
     """Parameters one pipeline rank all-gathers in one step under FSDP2 inside ``PipelineStage``
     (torch's unshard window included for the multi-stage schedules), from its order:
-    :func:`ppbook.fsdp_window.fsdp_step`. ``groups``: per stage (index, parameters in its blocks,
+    :func:`ppbook.planner.fsdp_window.fsdp_step`. ``groups``: per stage (index, parameters in its blocks,
     in its root group, blocks)."""
     stages = {s: StageGroups(tuple([blocks_params / n] * n), root) for s, blocks_params, root, n in groups}
     actions = [(a.stage, a.kind) for a in _order(name, p, m, v)[rank]]
@@ -641,10 +693,15 @@ def memory_floor(layout: Layout, req: Request) -> float:
     t = _tables(req, layout.num_stages, layout.balance, layout.b, layout.recompute, layout.tp)
     stages = _owned(layout, 0)
     _, _, state = _rank_state(layout, req, t, stages)
-    tokens = layout.b * req.seq_len
-    transient = memory.recompute_transient_bytes(req.model, tokens, memory.RECIPES[req.recipe].activation_bytes,
-                                                 req.kernels, layout.recompute, req.seq_len) / layout.tp
-    return state.total + min(layout.m, layout.p) * min(t.per_mb[s] for s in stages) + transient
+    return state.total + min(layout.m, layout.p) * min(t.per_mb[s] for s in stages) + \
+        _transient(req, layout.b, layout.recompute, layout.tp)
+
+
+@functools.lru_cache(maxsize=4096)
+def _transient(req: Request, b: int, recompute: str, tp: int) -> float:
+    """One layer's recomputation at the peak of a backward, on one GPU."""
+    return memory.recompute_transient_bytes(req.model, b * req.seq_len, memory.RECIPES[req.recipe].activation_bytes,
+                                            req.kernels, recompute, req.seq_len) / tp
 
 
 def rank_memory(layout: Layout, req: Request, layers: list[list[int]] | None = None) -> list[RankMemory]:
@@ -748,7 +805,7 @@ def predict(layout: Layout, req: Request, check_memory: bool = True, mem: list[R
     bottleneck = 0.0 if len(ms) == 1 else max((runs[1][1][r] - runs[0][1][r]) / (ms[1] - ms[0]) for r in range(layout.p))
     span = _extrapolate([(m, run_[2]) for m, run_ in zip(ms, runs)], layout.m, bottleneck)
     end = {r: _extrapolate([(m, run_[0][r]) for m, run_ in zip(ms, runs)], layout.m, bottleneck) for r in range(layout.p)}
-    step, exposed_worst, traffic_worst = 0.0, 0.0, 0.0
+    step, exposed_worst, traffic_worst, critical = 0.0, 0.0, 0.0, {}
     t = _tables(req, layout.num_stages, layout.balance, layout.b, layout.recompute, layout.tp)
     for r in range(layout.p):
         stages = _owned(layout, r)
@@ -759,6 +816,8 @@ def predict(layout: Layout, req: Request, check_memory: bool = True, mem: list[R
         gathers = fsdp_gathers_factor(layout, req, t, r) if layout.sharding == "fsdp" and layout.p > 1 else 1.0
         total, exposed = _dp_exposed(layout, req, params, busy[r], last_backward, first_forward, experts, gathers)
         opt = _optimizer_seconds(params, layout, req, experts)
+        if end[r] + exposed + opt > step:  # the rank that finishes last sets the step: keep its parts
+            critical = {"rank": r, "end_s": end[r], "busy_s": busy[r], "dp_exposed_s": exposed, "optimizer_s": opt}
         step = max(step, end[r] + exposed + opt)
         exposed_worst, traffic_worst = max(exposed_worst, exposed), max(traffic_worst, total)
         pred.optimizer_s = max(pred.optimizer_s, opt)
@@ -767,7 +826,7 @@ def predict(layout: Layout, req: Request, check_memory: bool = True, mem: list[R
     tokens = req.global_batch * req.seq_len
     pred.tokens_per_s_per_gpu = tokens / step / req.gpus
     pred.mfu = pred.tokens_per_s_per_gpu * model_flops_per_token(req.model, req.seq_len) / (req.gpu.bf16_tflops * 1e12)
-    pred.detail = {"dp_traffic_s": traffic_worst, "layers_per_stage": [len(x) for x in layers]}
+    pred.detail = {"dp_traffic_s": traffic_worst, "layers_per_stage": [len(x) for x in layers], "critical": critical}
     return pred
 
 

@@ -7,13 +7,21 @@ whether it has biases or tied embeddings, and, for mixtures of experts, its expe
 parameter counts are exact for these architectures; ``tests/test_plan.py`` checks
 every preset against its published count (within 1%) and the Llama shapes against the book's own
 model built in torch.
+
+What "published" means differs by family. For the Llama, Mistral, Mixtral and Qwen presets it
+is the count the Hugging Face Hub shows for the released checkpoint (e.g. "8.03B params"), which
+the Hub computes from the checkpoint's tensors: it is the exact count rounded, so the test checks
+that each shape is the released checkpoint's, to the rounding, rather than comparing with an
+independent estimate (the model cards and reports round further: "8B", "70B", "405B"). For the
+GPT-3-style models, BLOOM and DeepSeek-V3 it is the authors' own figure, from the paper named in
+``source``.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 
@@ -50,6 +58,18 @@ class ModelShape:
     v_head_dim: int = 0
     published_params: float = 0.0  # the count its authors give (0: none), for the tests and the output
     source: str = ""
+
+    def __hash__(self) -> int:
+        # computed once: the planner's caches look shapes up hundreds of thousands of times
+        cached = self.__dict__.get("_hash")
+        if cached is None:
+            cached = hash(tuple(getattr(self, f.name) for f in fields(self)))
+            object.__setattr__(self, "_hash", cached)
+        return cached
+
+    def __getstate__(self) -> dict:
+        # a pickled copy hashes anew: another process salts the hashes of strings differently
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
 
     @property
     def hd(self) -> int:
@@ -157,6 +177,32 @@ def active_parameters(shape: ModelShape) -> int:
             + head)
 
 
+def block_weight_groups(shape: ModelShape, moe_layer: bool = False) -> int:
+    """How many groups of parameters torch's weight-gradient pass ``W`` differentiates apart in one
+    block: torch 2.13's ``stage_backward_weight`` calls ``torch.autograd.grad`` once per group of
+    parameters that reach the block's graph through the same operation
+    (``torch.distributed.pipelining._backward.get_param_groups``), so a linear layer's weight and
+    bias are one group, a norm's scale and bias one, and each other weight its own. Counted for the
+    layers as the book's block, Hugging Face's Llama and torchtitan's write them: two norms, separate
+    query, key, value and output projections (multi-head latent attention: its down- and
+    up-projections and their norms), the MLP's matrices, and in a mixture-of-experts layer the
+    router, the routed experts' stacked matrices (torchtitan's ``GroupedExperts``) and the shared
+    experts' (``tests/test_planner_memory.py`` checks it against torch's grouping on the book's
+    blocks). Under full checkpointing each group recomputes the block's forward once more
+    (chapter 12 measured 11 forwards per Llama block, 2 + 9 groups)."""
+    norms = 2
+    if shape.mla:
+        attention = (3 if shape.q_lora_rank else 1) + 3 + 1  # q (down, norm, up) | kv (down, norm, up) | output
+    else:
+        attention = 4
+    matrices = 3 if shape.mlp == "swiglu" else 2
+    if moe_layer:
+        mlp = 1 + matrices + (matrices if shape.shared_experts else 0)
+    else:
+        mlp = matrices
+    return norms + attention + mlp
+
+
 # --- presets ------------------------------------------------------------------------------------------
 
 def _llama(name, vocab, hidden, layers, heads, kv, ffn, published, source, **kw) -> ModelShape:
@@ -170,7 +216,7 @@ def _gpt(name, vocab, hidden, layers, heads, published, source, **kw) -> ModelSh
                       bias=True, published_params=published, source=source, **kw)
 
 
-_HF = "the model's config.json on the Hugging Face Hub"
+_HF = "the model's config.json on the Hugging Face Hub"  # its count: the Hub's, of the checkpoint's tensors
 PRESETS: dict[str, ModelShape] = {s.name: s for s in [
     _llama("llama2-7b", 32000, 4096, 32, 32, 32, 11008, 6.74e9, _HF),
     _llama("llama2-13b", 32000, 5120, 40, 40, 40, 13824, 13.0e9, _HF),

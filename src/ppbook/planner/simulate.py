@@ -9,9 +9,9 @@ A schedule is, for each rank, the *order* in which it runs its actions
 soon as (a) its rank has finished the previous action in that order and (b) its inputs have
 arrived: a forward needs the previous stage's forward of the same microbatch, a backward the next
 stage's backward (or, on the last stage, its own forward), each delayed by a communication latency
-when the two stages sit on different ranks (the rule is :func:`ppbook.dataflow.waits_on`, which
-also reads recorded timelines). It produces :class:`ppbook.timeline.Event` lists, the same format
-the recorder writes, so the same code draws measured and simulated timelines.
+when the two stages sit on different ranks (the rule is :func:`ppbook.planner.dataflow.waits_on`,
+which also reads recorded timelines). It produces :class:`ppbook.planner.events.Event` lists, the
+same format the recorder writes, so the same code draws measured and simulated timelines.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-from ppbook.dataflow import waits_on
+from ppbook.planner.dataflow import waits_on
+from ppbook.planner.events import Event
 from ppbook.planner.schedules import Action, Order
-from ppbook.timeline import Event
 
 Costs = Mapping[str, float] | Mapping[tuple[int, str], float] | Callable[[Action], float]
 
@@ -39,7 +39,7 @@ def _cost_fn(costs: Costs) -> Callable[[Action], float]:
 
 
 def _dependency(a: Action, num_stages: int, present: set[Action] | None = None) -> Action | None:
-    """The action ``a`` waits on (:func:`ppbook.dataflow.waits_on`), among ``present`` if given."""
+    """The action ``a`` waits on (:func:`ppbook.planner.dataflow.waits_on`), among ``present`` if given."""
     has = (lambda key: True) if present is None else (lambda key: Action(*key) in present)
     dep = waits_on(a.stage, a.kind, a.microbatch, num_stages, has)
     return None if dep is None else Action(*dep)
