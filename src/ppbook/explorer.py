@@ -68,13 +68,14 @@ def page(data: dict | None = None) -> str:
             f'<script type="application/json" id="ppx-data">{payload}</script>\n<script>\n{code}\n</script>')
 
 
-def source_digest() -> str:
-    """A digest of the page's code (the port, the drawing and its style): the screenshot in the
-    page carries the digest it was taken with, and a test says when the code changed since."""
+def source_digest(data: dict | None = None) -> str:
+    """A digest of everything the page is made of: its template, the port, the drawing, its style
+    and the data it embeds (presets, GPUs, links, the H100 rows, the fitted efficiencies, the
+    opening request), that is :func:`page` itself. The screenshot in the page carries the digest
+    it was taken with, and a test says when the page changed since, code or numbers."""
     import hashlib
 
-    code = "".join(script(name) for name in ("planner.js", "explorer.js", "explorer.css"))
-    return hashlib.sha256(code.encode()).hexdigest()[:16]
+    return hashlib.sha256(page(data).encode()).hexdigest()[:16]
 
 
 def weight(data: dict | None = None) -> int:
