@@ -290,7 +290,7 @@ def test_the_planner_page_works_from_file_urls(built_book, chromium):
     page.check("#ppx-mode-teach")  # chapter 5's view: abstract costs
     page.select_option("#ppx-t-schedule", "ZBVZeroBubble")
     assert page.eval_on_selector("#ppx-t-chart", "e => e.dataset.key").startswith("ZBVZeroBubble|4|8|2|")
-    assert page.locator("#ppx-t-chart svg rect").count() == 3 * 2 * 4 * 8  # F, I, W on 2 stages per rank
+    assert page.locator("#ppx-t-chart svg rect.ppx-action").count() == 3 * 2 * 4 * 8  # F, I, W on 2 stages per rank
     assert "bubble" in page.inner_text("#ppx-t-stats")
     assert not real_errors(errors), errors
     assert not remote, remote  # offline: nothing fetched

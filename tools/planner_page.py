@@ -50,8 +50,8 @@ def table(page) -> list[dict]:
 def selected(page) -> dict:
     """The selected layout: its label and fields (tp, p, dp, schedule, v, b, m, sharding,
     recompute, balance), step time, memory per rank (totals, and each kind the bars draw), the
-    timeline drawn (every action's rank, stage, kind, microbatch, start and end) and the line
-    under the controls."""
+    timeline drawn (every action's rank, stage, kind, microbatch, start and end, and its legend)
+    and the line under the controls."""
     return page.evaluate("""() => {
         const $ = id => document.getElementById(id);
         return {label: $('ppx').dataset.layout, layout: JSON.parse($('ppx').dataset.layoutFields || 'null'), step_s: Number($('ppx-layout-stats').dataset.stepS),
@@ -62,7 +62,8 @@ def selected(page) -> dict:
                 span: Number($('ppx-timeline').dataset.span), actions: Number($('ppx-timeline').dataset.actions),
                 handoffs: Number($('ppx-timeline').dataset.handoffs),
                 bars: $('ppx-memory').querySelectorAll('rect[class^=ppx-]').length,
-                rects: $('ppx-timeline').querySelectorAll('rect').length}; }""")
+                rects: $('ppx-timeline').querySelectorAll('rect.ppx-action').length,
+                legend: JSON.parse($('ppx-timeline').dataset.legend || '[]')}; }""")
 
 
 def options(page, control: str) -> list[str]:

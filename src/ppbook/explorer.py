@@ -21,9 +21,10 @@ from importlib import resources
 from ppbook import timeline
 from ppbook.planner import costs, hardware, memory, schedules, search, shapes
 
-# What the page asks first: a model most readers know, on one rack-scale cluster.
-DEFAULT_REQUEST = {"model": "llama3-70b", "gpu": "h100-sxm", "gpus": 64, "gpus_per_node": 8,
-                   "global_batch": 128, "seq_len": 4096}
+# What the page asks first: a model most readers know, on four nodes, with a batch small enough
+# that the first timeline can be read (a few dozen actions per rank, not hundreds).
+DEFAULT_REQUEST = {"model": "llama3-70b", "gpu": "h100-sxm", "gpus": 32, "gpus_per_node": 8,
+                   "global_batch": 48, "seq_len": 4096}
 MEASURED_KEYS = ("model", "part", "seq_len", "microbatch", "F_ms", "I_ms", "W_ms_est")
 
 
