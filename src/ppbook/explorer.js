@@ -228,8 +228,10 @@
 
   function table(rows) {
     const experts = rows.slice(0, TOP).some((o) => (o.layout.ep || 1) > 1);  // an ep column where it is used
-    const head = ["", "tp", "pp", "v", "dp"].concat(experts ? ["ep"] : []).concat(["sharding", "schedule", "b", "m",
-      "recompute", "step", "tok/s/GPU", "MFU", "bubble", "GB/GPU"]);
+    // narrow enough for the theme's content column: long headers on two lines, soft hyphens where
+    // more is needed, and a long schedule's name may break between its words; numbers never do
+    const head = ["", "tp", "pp", "v", "dp"].concat(experts ? ["ep"] : []).concat(["shard\u00ading", "sched\u00adule", "b",
+      "m", "re\u00adcompute", "step", "tokens/s\nper GPU", "MFU", "bubble", "GB\nper GPU"]);
     const t = $("ppx-table");
     t.replaceChildren(h("thead", {}, [h("tr", {}, head.map((x) => h("th", {text: x})))]));
     const body = h("tbody");
@@ -239,7 +241,9 @@
         L.recompute, seconds(o.step_s),
         Math.round(o.tokens_per_s_per_gpu), Math.round(100 * o.mfu) + "%", pct(o.bubble), gb(o.peak_bytes)]);
       const tr = h("tr", {tabindex: 0, "data-label": o.label, "data-step-s": o.step_s, "data-peak-bytes": o.peak_bytes,
-                          "data-bubble": o.bubble, title: o.label}, cells.map((c) => h("td", {text: String(c)})));
+                          "data-bubble": o.bubble, title: o.label}, cells.map((c) => c === L.schedule ?
+        h("td", {class: "ppx-name"}, String(c).split(/(?<=[a-z])(?=[A-Z][a-z])/).flatMap((w, j) => j ? [h("wbr"), w] : [w])) :
+        h("td", {text: String(c)})));
       tr.addEventListener("click", () => choose(L));
       tr.addEventListener("keydown", (e) => { if (e.key === "Enter") choose(L); });
       body.appendChild(tr);
