@@ -204,7 +204,8 @@
       " layers, hidden " + m.hidden;
     const result = planner.plan();
     ranked = result.ranked;
-    root.dataset.request = JSON.stringify([m.name, req.gpu.name, req.gpus, req.gpus_per_node, req.global_batch, req.seq_len]);
+    root.dataset.request = JSON.stringify([m.name, req.gpu.name, req.gpus, req.gpus_per_node, req.global_batch, req.seq_len,
+                                           req.intra.name, req.inter.name]);
     $("ppx-header").textContent = req.gpus + " × " + req.gpu.name + " (" + fmt(req.gpu.memory_gb) + " GB, " +
       fmt(req.gpu.bf16_tflops) + " TFLOP/s bf16), " + req.gpus_per_node + " per node; links " + req.intra.name + " / " +
       req.inter.name + "; batch " + req.global_batch + " × " + req.seq_len + " tokens; usable memory " +
