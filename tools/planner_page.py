@@ -7,8 +7,6 @@ browser test (tests/test_browser.py) and the screenshot in the page (tools/scree
 
 from __future__ import annotations
 
-import json
-
 WAIT_MS = 120_000  # a plan takes under a second in Chromium; generous for a loaded machine
 
 
