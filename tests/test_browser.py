@@ -238,14 +238,27 @@ def assert_table_fits(page) -> None:
     assert not wrapped, f"cells of the layouts table break over two lines: {wrapped}"
 
 
+def fetched_bytes(page) -> dict[str, int]:
+    """What the browser fetched for the page, by address: the page itself and every resource
+    (scripts, style sheets, fonts, images), as decoded bytes."""
+    return page.evaluate("""() => Object.fromEntries(performance.getEntriesByType('navigation')
+        .concat(performance.getEntriesByType('resource')).map(e => [e.name, e.decodedBodySize]))""")
+
+
 def test_the_planner_page_answers_as_the_command_line(site, tmp_path):
     """A reader's session on the planner page of the built site (a desktop's 1280 x 900): a preset
     on a GPU other than the default, then a pasted config.json with its own link between nodes
     and sequence length, then every control changed. Each time the table, the memory bars and
     the timeline agree with `python -m ppbook.plan` on the same request, the drawing changes with
     them, and the table fits the page."""
+    from ppbook import explorer
+
     page, errors, missing = visit(site, "book/explorer.html")
     assert_table_fits(page)  # the opening request
+    # the weight the page states (explorer.page_weight, from the files it references) is what a
+    # browser fetches for it, but for Sphinx's small scripts and the site's search index
+    fetched = {url: n for url, n in fetched_bytes(page).items() if "/searchindex.js" not in url}
+    assert sum(explorer.page_weight().values()) == pytest.approx(sum(fetched.values()), rel=0.1), fetched
 
     planner_page.request(page, model="llama3-8b", gpu="a100-80gb", gpus=16, global_batch=64)
     first = planner_page.selected(page)

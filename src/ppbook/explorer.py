@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 from importlib import resources
+from pathlib import Path
 
 from ppbook import timeline
 from ppbook.planner import costs, hardware, memory, schedules, search, shapes
@@ -84,6 +85,46 @@ def weight(data: dict | None = None) -> int:
     return len(page(data).encode())
 
 
+def page_weight(root: Path | None = None) -> dict[str, int]:
+    """Bytes a browser fetches for the planner's page of the built site, by part, from the files
+    the page references: ``planner`` (what :func:`page` puts in it), ``screenshot``
+    (``book/images/planner.png``), ``mathjax`` (the script ``_config.yml``'s ``mathjax_path``
+    names, in its ``html_static_path``) and ``theme`` (the scripts and style sheets the theme's
+    templates name, and the icon fonts those style sheets name). Sphinx's own small scripts and
+    the site's search index come on top; ``tests/test_browser.py`` holds the sum close to what
+    Chromium fetches for the page. Without the book's build environment (a reader's, where the
+    theme is not installed) ``theme`` is 0."""
+    import yaml
+
+    from ppbook import launch
+
+    root = launch.repo_root() if root is None else root
+    config = yaml.safe_load((root / "_config.yml").read_text())["sphinx"]["config"]
+    mathjax = [root / folder / config["mathjax_path"] for folder in config["html_static_path"]]
+    return {"planner": weight(), "screenshot": (root / "book" / "images" / "planner.png").stat().st_size,
+            "mathjax": next(f for f in mathjax if f.is_file()).stat().st_size,
+            "theme": sum(f.stat().st_size for f in theme_assets())}
+
+
+def theme_assets() -> list[Path]:
+    """The files of the book's theme (pydata-sphinx-theme under sphinx-book-theme) that every page
+    loads: those its templates' asset macros name, and the fonts their style sheets name."""
+    import importlib
+    import re
+
+    files = set()
+    for package in ("pydata_sphinx_theme", "sphinx_book_theme"):
+        try:
+            static = Path(importlib.import_module(package).__file__).parent / "theme" / package / "static"
+        except ImportError:  # a reader's environment: no book build
+            return []
+        for macros in static.glob("*webpack-macros.html"):
+            files |= {static / name for name in re.findall(r"pathto\('_static/([^']+)'", macros.read_text())}
+    fonts = {(css.parent / url).resolve() for css in files if css.suffix == ".css"
+             for url in re.findall(r"url\(([^)'\"]+\.woff2)\)", css.read_text())}
+    return sorted(files | fonts)
+
+
 def show():
     """Display the planner in a notebook cell (the page's only output)."""
     from IPython.display import HTML, display
@@ -91,4 +132,5 @@ def show():
     display(HTML(page()))
 
 
-__all__ = ["DEFAULT_REQUEST", "page", "planner_data", "script", "show", "source_digest", "weight"]
+__all__ = ["DEFAULT_REQUEST", "page", "page_weight", "planner_data", "script", "show", "source_digest",
+           "theme_assets", "weight"]
