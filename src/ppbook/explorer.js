@@ -408,7 +408,7 @@
   // of the book's other timelines, a line per hand-off; the axis in one `unit` ({name, per})
   function drawTimeline(box, events, p, span, timeText, unit, caption) {
     const width = 760, left = 56, rowH = 24, top = 8, right = 10;
-    const height = top + rowH * p + 50;
+    const height = top + rowH * p + 50;  // one line of legend; set again once it is drawn
     const scale = (width - left - right) / (span || 1);
     const svg = s("svg", {width: "100%", viewBox: `0 0 ${width} ${height}`, role: "img", style: `max-width: ${width}px; height: auto`,
                           "aria-label": "timeline of one step"}, box);
@@ -448,13 +448,16 @@
     const legend = ["F", "B", "I", "W"].filter((k) => kinds.has(k)).map((k) => [k + " " + KIND_NAMES[k], data.colours[k]])
       .concat(handoffs ? [["hand-off between ranks", null]] : []).concat([["idle (the bubble)", IDLE]]);
     const g = s("g", {class: "ppx-legend"}, svg);
-    let lx = left;
+    let lx = left, ly = axisY + 21;
     for (const [label, colour] of legend) {
-      if (colour) s("rect", {x: lx, y: axisY + 21, width: 10, height: 10, fill: colour}, g);
-      else s("line", {x1: lx, x2: lx + 10, y1: axisY + 31, y2: axisY + 21, stroke: "#555", "stroke-width": 1}, g);
-      s("text", {x: lx + 14, y: axisY + 30, "font-size": 10}, g).textContent = label;
-      lx += 24 + 5.2 * label.length;
+      const w = 24 + 5.2 * label.length;  // a generous guess at the label's width: no text is measured
+      if (lx > left && lx + w > width) { lx = left; ly += 14; }  // a second line where one is full
+      if (colour) s("rect", {x: lx, y: ly, width: 10, height: 10, fill: colour}, g);
+      else s("line", {x1: lx, x2: lx + 10, y1: ly + 10, y2: ly, stroke: "#555", "stroke-width": 1}, g);
+      s("text", {x: lx + 14, y: ly + 9, "font-size": 10}, g).textContent = label;
+      lx += w;
     }
+    svg.setAttribute("viewBox", `0 0 ${width} ${ly + 14}`);  // as tall as the legend's lines
     box.dataset.span = span;
     box.dataset.actions = events.length;
     box.dataset.handoffs = handoffs;
