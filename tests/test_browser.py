@@ -193,15 +193,26 @@ def assert_same_layout(shown: dict, cli: dict) -> None:
     assert (shown["handoffs"] > 0) == (shown["layout"]["p"] > 1)  # grey lines between ranks
 
 
+LOOPED = ("Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble")  # the schedules whose v is the reader's
+
+
 def change_each_control(page, tmp_path, args: list[str]) -> list[str]:
     """Move every control of the selected layout in turn to another value it offers that runs;
-    after each move the drawing changes and is the CLI's --layout of the new layout. Returns the
-    controls moved."""
+    after each move the drawing changes and is the CLI's --layout of the new layout. v is the
+    reader's only on a looped schedule: one is chosen first where the layout has none. Returns
+    the controls moved."""
     moved = []
     for control in ("tp", "p", "schedule", "v", "m", "sharding", "recompute", "balance"):
+        if control == "v" and page.is_disabled("#ppx-v"):
+            for looped in [s for s in LOOPED if s in planner_page.options(page, "schedule")]:
+                planner_page.choose(page, "schedule", looped)
+                if "cannot run" not in planner_page.selected(page)["stats"]:
+                    break
         before = planner_page.selected(page)
         current = str(before["layout"][control])
-        for value in [v for v in planner_page.options(page, control) if v != current]:
+        others = [v for v in planner_page.options(page, control) if v != current]
+        # p = 1 last: with no pipeline left, the schedule and v would have nothing to offer
+        for value in sorted(others, key=lambda v: control == "p" and v == "1"):
             planner_page.choose(page, control, value)
             after = planner_page.selected(page)
             if "cannot run" not in after["stats"]:
@@ -216,33 +227,70 @@ def change_each_control(page, tmp_path, args: list[str]) -> list[str]:
     return moved
 
 
-def test_the_planner_page_answers_as_the_command_line(site, tmp_path):
-    """A reader's session on the planner page of the built site: a preset, then a pasted
-    config.json, then a changed control. Each time the table, the memory bars and the timeline
-    agree with `python -m ppbook.plan` on the same request, and the drawing changes with them."""
-    page, errors, missing = visit(site, "book/explorer.html")
-    common = ["--gpu", "h100-sxm", "--gpus-per-node", "8", "--seq-len", "4096"]
+def assert_table_fits(page) -> None:
+    """The ranked table fits the page's content column: no sideways scroll hides its last columns,
+    and no cell (a step time, a schedule's name) breaks over two lines to make it fit."""
+    wide, column, wrapped = page.eval_on_selector(".ppx-table-wrap", """w => [w.scrollWidth, w.clientWidth,
+        [...w.querySelectorAll('tbody td')].filter(td => {
+            const r = document.createRange(); r.selectNodeContents(td);
+            return new Set([...r.getClientRects()].map(b => Math.round(b.top))).size > 1; }).map(td => td.textContent)]""")
+    assert wide <= column, f"the layouts table is {wide} px wide in a {column} px column"
+    assert not wrapped, f"cells of the layouts table break over two lines: {wrapped}"
 
-    planner_page.request(page, model="llama3-8b", gpus=16, global_batch=64)
+
+def fetched_bytes(page) -> dict[str, int]:
+    """What the browser fetched for the page, by address: the page itself and every resource
+    (scripts, style sheets, fonts, images), as decoded bytes."""
+    return page.evaluate("""() => Object.fromEntries(performance.getEntriesByType('navigation')
+        .concat(performance.getEntriesByType('resource')).map(e => [e.name, e.decodedBodySize]))""")
+
+
+def test_the_planner_page_answers_as_the_command_line(site, tmp_path):
+    """A reader's session on the planner page of the built site (a desktop's 1280 x 900): a preset
+    on a GPU other than the default, then a pasted config.json with its own link between nodes
+    and sequence length, then every control changed. Each time the table, the memory bars and
+    the timeline agree with `python -m ppbook.plan` on the same request, the drawing changes with
+    them, and the table fits the page."""
+    from ppbook import explorer
+
+    page, errors, missing = visit(site, "book/explorer.html")
+    assert_table_fits(page)  # the opening request
+    # the weight the page states (explorer.page_weight, from the files it references) is what a
+    # browser fetches for it, but for Sphinx's small scripts and the site's search index
+    fetched = {url: n for url, n in fetched_bytes(page).items() if "/searchindex.js" not in url}
+    assert sum(explorer.page_weight().values()) == pytest.approx(sum(fetched.values()), rel=0.1), fetched
+
+    planner_page.request(page, model="llama3-8b", gpu="a100-80gb", gpus=16, global_batch=64)
     first = planner_page.selected(page)
-    preset = ["--model", "llama3-8b", "--gpus", "16", "--global-batch", "64", *common]
+    preset = ["--model", "llama3-8b", "--gpu", "a100-80gb", "--gpus", "16", "--gpus-per-node", "8",
+              "--global-batch", "64", "--seq-len", "4096"]
     cli = plan_cli(tmp_path, *preset, "--layout", layout_words(first["layout"]))
     assert_same_plan(page, cli)
     assert first["label"] == cli["ranked"][0]["label"]  # the winner is selected...
     assert_same_layout(first, cli)                       # ...and drawn as the CLI explains it
     assert first["bars"] >= 3 * len(first["totals"])     # parameters, gradients, optimizer at least, per rank
+    assert "a100-80gb" in page.inner_text("#ppx-header")
+    assert_table_fits(page)
 
     config = ROOT / "data" / "configs" / "qwen2.5-7b.json"
-    planner_page.request(page, config=config.read_text(), gpus=32, global_batch=128)
+    planner_page.request(page, config=config.read_text(), gpus=32, global_batch=128, seq_len=2048, inter="ib-hdr200")
     pasted = planner_page.selected(page)
-    args = ["--model", str(config), "--gpus", "32", "--global-batch", "128", *common]
+    args = ["--model", str(config), "--gpu", "h100-sxm", "--gpus", "32", "--gpus-per-node", "8", "--global-batch",
+            "128", "--seq-len", "2048", "--inter", "ib-hdr200"]
     cli = plan_cli(tmp_path, *args, "--layout", layout_words(pasted["layout"]))
     assert_same_plan(page, cli)
     assert pasted["label"] == cli["ranked"][0]["label"] != first["label"]
     assert_same_layout(pasted, cli)
+    assert "nvlink-h100 / ib-hdr200" in page.inner_text("#ppx-header")
+    assert_table_fits(page)
+    # the timeline's legend names what it draws: the kinds of action, the hand-offs, the idle time
+    kinds = {e[2] for e in pasted["events"]}
+    assert {label.split()[0] for label in pasted["legend"][:len(kinds)]} == kinds
+    assert ("hand-off between ranks" in pasted["legend"]) == (pasted["handoffs"] > 0)
+    assert pasted["legend"][-1] == "idle (the bubble)"
 
     moved = change_each_control(page, tmp_path, args)  # a reader changes the layout, part by part
-    assert {"tp", "p", "schedule", "m", "sharding", "recompute"} <= set(moved), moved
+    assert {"tp", "p", "schedule", "v", "m", "sharding", "recompute"} <= set(moved), moved
 
     # the reader's own GPU and links: the request the CLI gets with the same numbers
     planner_page.request(page, model="llama3-8b", gpus=16, global_batch=64)
@@ -251,9 +299,9 @@ def test_the_planner_page_answers_as_the_command_line(site, tmp_path):
                          ("inter-latency", "9")):
         page.fill(f"#ppx-{field}", value)
     planner_page.settled(page)
-    own = ["--model", "llama3-8b", "--gpus", "16", "--global-batch", "64", *common, "--gpu-memory", "96",
-           "--gpu-tflops", "800", "--gpu-bandwidth", "3", "--intra-bandwidth", "300", "--intra-latency", "4",
-           "--inter-bandwidth", "40", "--inter-latency", "9"]
+    own = ["--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "16", "--gpus-per-node", "8", "--global-batch", "64",
+           "--seq-len", "4096", "--gpu-memory", "96", "--gpu-tflops", "800", "--gpu-bandwidth", "3",
+           "--intra-bandwidth", "300", "--intra-latency", "4", "--inter-bandwidth", "40", "--inter-latency", "9"]
     mine = planner_page.selected(page)
     cli = plan_here(tmp_path, *own, "--layout", layout_words(mine["layout"]))
     assert_same_plan(page, cli)
@@ -290,7 +338,7 @@ def test_the_planner_page_works_from_file_urls(built_book, chromium):
     page.check("#ppx-mode-teach")  # chapter 5's view: abstract costs
     page.select_option("#ppx-t-schedule", "ZBVZeroBubble")
     assert page.eval_on_selector("#ppx-t-chart", "e => e.dataset.key").startswith("ZBVZeroBubble|4|8|2|")
-    assert page.locator("#ppx-t-chart svg rect").count() == 3 * 2 * 4 * 8  # F, I, W on 2 stages per rank
+    assert page.locator("#ppx-t-chart svg rect.ppx-action").count() == 3 * 2 * 4 * 8  # F, I, W on 2 stages per rank
     assert "bubble" in page.inner_text("#ppx-t-stats")
     assert not real_errors(errors), errors
     assert not remote, remote  # offline: nothing fetched

@@ -306,13 +306,20 @@ def test_the_page_data_starts_from_a_request_that_plans():
 
 
 def test_the_pages_screenshot_shows_the_page_as_it_is():
-    """book/images/planner.png carries the digest of the page's code it was taken with; a change
-    to the page (its drawing, the port, the data) asks for a new one:
+    """book/images/planner.png carries the digest of the page it was taken with; a change to the
+    page (its drawing, the port, the data) asks for a new one:
     ``make book && .venv/bin/python tools/screenshot_planner.py``."""
     from screenshot_planner import DIGEST_KEY, text_chunks
 
     from conftest import ROOT
 
+    # the numbers count, not only the code: a preset, a measured row or the opening request moved
+    data = explorer.planner_data()
+    for moved in ({"presets": {**data["presets"], "llama3-70b": {**data["presets"]["llama3-70b"], "layers": 81}}},
+                  {"measured_rows": [{**data["measured_rows"][0], "F_ms": data["measured_rows"][0]["F_ms"] * 1.01},
+                                     *data["measured_rows"][1:]]},
+                  {"request": {**data["request"], "gpus": 2 * data["request"]["gpus"]}}):
+        assert explorer.source_digest({**data, **moved}) != explorer.source_digest(), list(moved)
     taken = text_chunks((ROOT / "book" / "images" / "planner.png").read_bytes()).get(DIGEST_KEY)
     assert taken == explorer.source_digest(), (
         "the planner page changed since its screenshot was taken: make book && "

@@ -7,29 +7,34 @@ browser test (tests/test_browser.py) and the screenshot in the page (tools/scree
 
 from __future__ import annotations
 
-import json
-
 WAIT_MS = 120_000  # a plan takes under a second in Chromium; generous for a loaded machine
 
 
 def request(page, model: str | None = None, config: str | None = None, gpu: str = "h100-sxm", gpus: int = 8,
-            gpus_per_node: int = 8, global_batch: int = 64, seq_len: int = 4096) -> None:
-    """Enter a request: a preset ``model`` or the text of a ``config`` (config.json), and wait
-    until the page has planned exactly it."""
+            gpus_per_node: int = 8, global_batch: int = 64, seq_len: int = 4096, intra: str | None = None,
+            inter: str | None = None) -> None:
+    """Enter a request: a preset ``model`` or the text of a ``config`` (config.json), a GPU preset,
+    the links within and between nodes (presets; left alone where not given), and wait until the
+    page has planned exactly it."""
     if config is not None:
         page.select_option("#ppx-model", "config.json")
         page.fill("#ppx-config", config)
     else:
         page.select_option("#ppx-model", model)
     if page.input_value("#ppx-gpu") != gpu:
-        page.select_option("#ppx-gpu", gpu)
+        page.select_option("#ppx-gpu", gpu)  # the link within a node follows the GPU
+    for side, link in (("intra", intra), ("inter", inter)):
+        if link is not None and page.input_value(f"#ppx-{side}") != link:
+            page.select_option(f"#ppx-{side}", link)
     for field, value in (("gpus", gpus), ("gpus-per-node", gpus_per_node), ("global-batch", global_batch),
                          ("seq-len", seq_len)):
         page.fill(f"#ppx-{field}", str(value))
     name = model if config is None else "config.json"
-    expected = json.dumps([name, gpu, gpus, gpus_per_node, global_batch, seq_len], separators=(",", ":"))
-    page.wait_for_function("key => document.getElementById('ppx').dataset.request === key", arg=expected,
-                           timeout=WAIT_MS)
+    # the page's key of what it planned last; a link not given may be anything
+    expected = [name, gpu, gpus, gpus_per_node, global_batch, seq_len, intra, inter]
+    page.wait_for_function("""want => {
+        const got = JSON.parse(document.getElementById('ppx').dataset.request || 'null');
+        return got !== null && want.every((x, i) => x === null || x === got[i]); }""", arg=expected, timeout=WAIT_MS)
     settled(page)
 
 
@@ -50,8 +55,8 @@ def table(page) -> list[dict]:
 def selected(page) -> dict:
     """The selected layout: its label and fields (tp, p, dp, schedule, v, b, m, sharding,
     recompute, balance), step time, memory per rank (totals, and each kind the bars draw), the
-    timeline drawn (every action's rank, stage, kind, microbatch, start and end) and the line
-    under the controls."""
+    timeline drawn (every action's rank, stage, kind, microbatch, start and end, and its legend)
+    and the line under the controls."""
     return page.evaluate("""() => {
         const $ = id => document.getElementById(id);
         return {label: $('ppx').dataset.layout, layout: JSON.parse($('ppx').dataset.layoutFields || 'null'), step_s: Number($('ppx-layout-stats').dataset.stepS),
@@ -62,7 +67,8 @@ def selected(page) -> dict:
                 span: Number($('ppx-timeline').dataset.span), actions: Number($('ppx-timeline').dataset.actions),
                 handoffs: Number($('ppx-timeline').dataset.handoffs),
                 bars: $('ppx-memory').querySelectorAll('rect[class^=ppx-]').length,
-                rects: $('ppx-timeline').querySelectorAll('rect').length}; }""")
+                rects: $('ppx-timeline').querySelectorAll('rect.ppx-action').length,
+                legend: JSON.parse($('ppx-timeline').dataset.legend || '[]')}; }""")
 
 
 def options(page, control: str) -> list[str]:

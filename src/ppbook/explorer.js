@@ -12,9 +12,13 @@
   const GB = P.GB;
   const CONFIG = "config.json";  // the model select's entry for a pasted Hugging Face config
   const PARTS = P.MEMORY_KINDS;
-  const PART_COLOURS = {parameters: "#4C72B0", gradients: "#DD8452", optimizer: "#55A868",
-                        activations: "#C44E52", logits: "#8172B3", buffers: "#937860"};
+  // Memory has a palette of its own, none of the timeline's colours (those mean F, B, I, W): greys
+  // for what a rank holds all step (darkest: parameters), colours for what comes and goes with
+  // the microbatches.
+  const PART_COLOURS = {parameters: "#4D4D4D", gradients: "#8C8C8C", optimizer: "#C8C8C8",
+                        activations: "#8E6BBF", logits: "#D9B44A", buffers: "#E78AC3"};
   const KIND_NAMES = {F: "forward", B: "full backward", I: "input-gradient backward", W: "weight-gradient backward"};
+  const IDLE = "#ECECEC";  // a rank's row where it computes nothing: the bubble
   const TOP = 10;  // rows of the ranked table, as python -m ppbook.plan prints by default
 
   // --- small DOM helpers ----------------------------------------------------------------------
@@ -200,7 +204,8 @@
       " layers, hidden " + m.hidden;
     const result = planner.plan();
     ranked = result.ranked;
-    root.dataset.request = JSON.stringify([m.name, req.gpu.name, req.gpus, req.gpus_per_node, req.global_batch, req.seq_len]);
+    root.dataset.request = JSON.stringify([m.name, req.gpu.name, req.gpus, req.gpus_per_node, req.global_batch, req.seq_len,
+                                           req.intra.name, req.inter.name]);
     $("ppx-header").textContent = req.gpus + " × " + req.gpu.name + " (" + fmt(req.gpu.memory_gb) + " GB, " +
       fmt(req.gpu.bf16_tflops) + " TFLOP/s bf16), " + req.gpus_per_node + " per node; links " + req.intra.name + " / " +
       req.inter.name + "; batch " + req.global_batch + " × " + req.seq_len + " tokens; usable memory " +
@@ -224,8 +229,10 @@
 
   function table(rows) {
     const experts = rows.slice(0, TOP).some((o) => (o.layout.ep || 1) > 1);  // an ep column where it is used
-    const head = ["", "tp", "pp", "v", "dp"].concat(experts ? ["ep"] : []).concat(["sharding", "schedule", "b", "m",
-      "recompute", "step", "tok/s/GPU", "MFU", "bubble", "GB/GPU"]);
+    // narrow enough for the theme's content column: long headers on two lines, soft hyphens where
+    // more is needed, and a long schedule's name may break between its words; numbers never do
+    const head = ["", "tp", "pp", "v", "dp"].concat(experts ? ["ep"] : []).concat(["shard\u00ading", "sched\u00adule", "b",
+      "m", "re\u00adcompute", "step", "tokens/s\nper GPU", "MFU", "bubble", "GB\nper GPU"]);
     const t = $("ppx-table");
     t.replaceChildren(h("thead", {}, [h("tr", {}, head.map((x) => h("th", {text: x})))]));
     const body = h("tbody");
@@ -235,7 +242,9 @@
         L.recompute, seconds(o.step_s),
         Math.round(o.tokens_per_s_per_gpu), Math.round(100 * o.mfu) + "%", pct(o.bubble), gb(o.peak_bytes)]);
       const tr = h("tr", {tabindex: 0, "data-label": o.label, "data-step-s": o.step_s, "data-peak-bytes": o.peak_bytes,
-                          "data-bubble": o.bubble, title: o.label}, cells.map((c) => h("td", {text: String(c)})));
+                          "data-bubble": o.bubble, title: o.label}, cells.map((c) => c === L.schedule ?
+        h("td", {class: "ppx-name"}, String(c).split(/(?<=[a-z])(?=[A-Z][a-z])/).flatMap((w, j) => j ? [h("wbr"), w] : [w])) :
+        h("td", {text: String(c)})));
       tr.addEventListener("click", () => choose(L));
       tr.addEventListener("keydown", (e) => { if (e.key === "Enter") choose(L); });
       body.appendChild(tr);
@@ -318,7 +327,7 @@
   function draw() {
     const stats = $("ppx-layout-stats"), memory = $("ppx-memory"), chart = $("ppx-timeline");
     memory.replaceChildren(); chart.replaceChildren();
-    delete memory.dataset.totals; delete memory.dataset.parts; delete chart.dataset.span; delete chart.dataset.events;
+    delete memory.dataset.totals; delete memory.dataset.parts; delete chart.dataset.span; delete chart.dataset.events; delete chart.dataset.legend;
     if (!planner || !current) { stats.textContent = ""; return; }
     const req = planner.req, L = current;
     const problem = !L.b ? "the global batch " + req.global_batch + " does not split into " + L.dp + " replicas of " +
@@ -351,13 +360,15 @@
     const tl = planner.timeline(L);
     // a long step's prediction extends from 2p and 3p microbatches; the drawing simulates all m
     const extended = Math.abs(tl.span - pred.pipeline_s) > 1e-9 * tl.span;
-    drawTimeline(chart, tl.events, L.p, tl.span, seconds,
+    const unit = tl.span >= 1 ? {name: "s", per: 1} : {name: "ms", per: 1e3};
+    drawTimeline(chart, tl.events, L.p, tl.span, seconds, unit,
                  "one step, all " + L.m + " microbatches simulated" + (extended ? " (" + seconds(tl.span) +
-                 "; the prediction above extends 2p and 3p)" : "") + "; grey lines: hand-offs between ranks");
+                 "; the prediction above extends 2p and 3p)" : ""));
   }
 
   function drawMemory(box, ranks, req) {
-    const width = 760, left = 110, right = 70, rowH = 20, top = 18;
+    const names = ranks.map((r) => "rank " + r.rank + " (stage" + (r.stages.length > 1 ? "s " : " ") + r.stages.join(",") + ")");
+    const width = 760, left = Math.max(110, 8 + 6 * Math.max(...names.map((n) => n.length))), right = 70, rowH = 20, top = 18;
     const capacity = req.gpu.memory_gb * GB, usable = P.usableBytes(req);
     const most = Math.max(capacity, ...ranks.map((r) => r.total));
     const scale = (width - left - right) / most, height = top + rowH * ranks.length + 34;
@@ -366,8 +377,7 @@
     s("text", {x: 0, y: 12, "font-size": 11}, svg).textContent = "memory per GPU, by pipeline rank (GB)";
     ranks.forEach((r, i) => {
       const y = top + i * rowH;
-      s("text", {x: 0, y: y + rowH / 2 + 4, "font-size": 11}, svg).textContent =
-        "rank " + r.rank + " (stage" + (r.stages.length > 1 ? "s " : " ") + r.stages.join(",") + ")";
+      s("text", {x: 0, y: y + rowH / 2 + 4, "font-size": 11}, svg).textContent = names[i];
       let x = left;
       for (const part of PARTS) {
         const w = r[part] * scale;
@@ -394,19 +404,27 @@
     box.dataset.parts = JSON.stringify(ranks.map((r) => PARTS.map((part) => r[part])));
   }
 
-  function drawTimeline(box, events, p, span, timeText, caption) {
+  // one step: a row per rank, grey where it idles (the bubble), an action per box in the colours
+  // of the book's other timelines, a line per hand-off; the axis in one `unit` ({name, per})
+  function drawTimeline(box, events, p, span, timeText, unit, caption) {
     const width = 760, left = 56, rowH = 24, top = 8, right = 10;
-    const height = top + rowH * p + 34;
+    const height = top + rowH * p + 50;  // one line of legend; set again once it is drawn
     const scale = (width - left - right) / (span || 1);
     const svg = s("svg", {width: "100%", viewBox: `0 0 ${width} ${height}`, role: "img", style: `max-width: ${width}px; height: auto`,
                           "aria-label": "timeline of one step"}, box);
-    for (let r = 0; r < p; r++) s("text", {x: 4, y: top + r * rowH + rowH / 2 + 4, "font-size": 12}, svg).textContent = "rank " + r;
+    for (let r = 0; r < p; r++) {
+      s("text", {x: 4, y: top + r * rowH + rowH / 2 + 4, "font-size": 12}, svg).textContent = "rank " + r;
+      s("rect", {x: left, y: top + r * rowH + 2, width: (width - left - right), height: rowH - 4, fill: IDLE,
+                 class: "ppx-idle"}, svg);
+    }
     const mid = (r) => top + r * rowH + rowH / 2;
     let handoffs = 0;
+    const kinds = new Set();
     events.forEach((e) => {
       const x = left + e.start * scale, w = (e.end - e.start) * scale, y = top + e.rank * rowH;
+      kinds.add(e.kind);
       const rect = s("rect", {x: x, y: y + 2, width: Math.max(w, 0.5), height: rowH - 4, fill: data.colours[e.kind],
-                              stroke: "white", "stroke-width": 0.5}, svg);
+                              stroke: "white", "stroke-width": 0.5, class: "ppx-action"}, svg);
       s("title", {}, rect).textContent = `${e.stage}${e.kind}${e.microbatch}: stage ${e.stage}, ${KIND_NAMES[e.kind]}, ` +
         `microbatch ${e.microbatch}, ${timeText(e.start)} to ${timeText(e.end)}`;
       if (w > 24) s("text", {x: x + w / 2, y: y + rowH / 2 + 4, "font-size": 10, fill: "white", "text-anchor": "middle"}, svg)
@@ -420,13 +438,30 @@
                  stroke: "#555", "stroke-width": 0.6, "stroke-opacity": 0.7, class: "ppx-handoff"}, svg);
     });
     const axisY = top + rowH * p + 14;
+    s("text", {x: 4, y: axisY, "font-size": 10}, svg).textContent = unit.name;
     for (let i = 0; i <= 4; i++)
       s("text", {x: left + (width - left - right) * i / 4, y: axisY, "font-size": 10,
-                 "text-anchor": i === 0 ? "start" : i === 4 ? "end" : "middle"}, svg).textContent = timeText(span * i / 4);
+                 "text-anchor": i === 0 ? "start" : i === 4 ? "end" : "middle"}, svg)
+        .textContent = String(Number((span * i / 4 * unit.per).toPrecision(3)));
     s("text", {x: left, y: axisY + 14, "font-size": 10}, svg).textContent = caption;
+    // the legend: the kinds this step has, the hand-offs if any, and the idle time
+    const legend = ["F", "B", "I", "W"].filter((k) => kinds.has(k)).map((k) => [k + " " + KIND_NAMES[k], data.colours[k]])
+      .concat(handoffs ? [["hand-off between ranks", null]] : []).concat([["idle (the bubble)", IDLE]]);
+    const g = s("g", {class: "ppx-legend"}, svg);
+    let lx = left, ly = axisY + 21;
+    for (const [label, colour] of legend) {
+      const w = 24 + 5.2 * label.length;  // a generous guess at the label's width: no text is measured
+      if (lx > left && lx + w > width) { lx = left; ly += 14; }  // a second line where one is full
+      if (colour) s("rect", {x: lx, y: ly, width: 10, height: 10, fill: colour}, g);
+      else s("line", {x1: lx, x2: lx + 10, y1: ly + 10, y2: ly, stroke: "#555", "stroke-width": 1}, g);
+      s("text", {x: lx + 14, y: ly + 9, "font-size": 10}, g).textContent = label;
+      lx += w;
+    }
+    svg.setAttribute("viewBox", `0 0 ${width} ${ly + 14}`);  // as tall as the legend's lines
     box.dataset.span = span;
     box.dataset.actions = events.length;
     box.dataset.handoffs = handoffs;
+    box.dataset.legend = JSON.stringify(legend.map(([label]) => label));
     box.dataset.events = JSON.stringify(events.map((e) => [e.rank, e.stage, e.kind, e.microbatch, e.start, e.end]));
   }
 
@@ -448,8 +483,8 @@
     const busy = new Array(p).fill(0);
     events.forEach((e) => { busy[e.rank] += e.end - e.start; });
     const bubble = 1 - busy.reduce((a, x) => a + x / span, 0) / p;
-    drawTimeline(chart, events.map((e) => Object.assign({from: -1}, e)), p, span, fmt,
-                 "time, in the cost units of F, I and W (each the cost of a rank's whole share of the model)");
+    drawTimeline(chart, events.map((e) => Object.assign({from: -1}, e)), p, span, fmt, {name: "units", per: 1},
+                 "time in the cost units of F, I and W (each the cost of a rank's whole share of the model)");
     const peaks = Object.entries(P.peakInFlight(ord)).map(([st, n]) => `${st}: ${n}`).join(", ");
     stats.textContent = `step time ${fmt(span)}, bubble ${pct(bubble)} of the step, ${p * k} stages; ` +
       `peak microbatches held per stage: ${peaks}`;

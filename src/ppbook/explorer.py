@@ -17,13 +17,15 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 from importlib import resources
+from pathlib import Path
 
 from ppbook import timeline
 from ppbook.planner import costs, hardware, memory, schedules, search, shapes
 
-# What the page asks first: a model most readers know, on one rack-scale cluster.
-DEFAULT_REQUEST = {"model": "llama3-70b", "gpu": "h100-sxm", "gpus": 64, "gpus_per_node": 8,
-                   "global_batch": 128, "seq_len": 4096}
+# What the page asks first: a model most readers know, on four nodes, with a batch small enough
+# that the first timeline can be read (a few dozen actions per rank, not hundreds).
+DEFAULT_REQUEST = {"model": "llama3-70b", "gpu": "h100-sxm", "gpus": 32, "gpus_per_node": 8,
+                   "global_batch": 48, "seq_len": 4096}
 MEASURED_KEYS = ("model", "part", "seq_len", "microbatch", "F_ms", "I_ms", "W_ms_est")
 
 
@@ -68,18 +70,59 @@ def page(data: dict | None = None) -> str:
             f'<script type="application/json" id="ppx-data">{payload}</script>\n<script>\n{code}\n</script>')
 
 
-def source_digest() -> str:
-    """A digest of the page's code (the port, the drawing and its style): the screenshot in the
-    page carries the digest it was taken with, and a test says when the code changed since."""
+def source_digest(data: dict | None = None) -> str:
+    """A digest of everything the page is made of: its template, the port, the drawing, its style
+    and the data it embeds (presets, GPUs, links, the H100 rows, the fitted efficiencies, the
+    opening request), that is :func:`page` itself. The screenshot in the page carries the digest
+    it was taken with, and a test says when the page changed since, code or numbers."""
     import hashlib
 
-    code = "".join(script(name) for name in ("planner.js", "explorer.js", "explorer.css"))
-    return hashlib.sha256(code.encode()).hexdigest()[:16]
+    return hashlib.sha256(page(data).encode()).hexdigest()[:16]
 
 
 def weight(data: dict | None = None) -> int:
     """Bytes the planner adds to its page."""
     return len(page(data).encode())
+
+
+def page_weight(root: Path | None = None) -> dict[str, int]:
+    """Bytes a browser fetches for the planner's page of the built site, by part, from the files
+    the page references: ``planner`` (what :func:`page` puts in it), ``screenshot``
+    (``book/images/planner.png``), ``mathjax`` (the script ``_config.yml``'s ``mathjax_path``
+    names, in its ``html_static_path``) and ``theme`` (the scripts and style sheets the theme's
+    templates name, and the icon fonts those style sheets name). Sphinx's own small scripts and
+    the site's search index come on top; ``tests/test_browser.py`` holds the sum close to what
+    Chromium fetches for the page. Without the book's build environment (a reader's, where the
+    theme is not installed) ``theme`` is 0."""
+    import yaml
+
+    from ppbook import launch
+
+    root = launch.repo_root() if root is None else root
+    config = yaml.safe_load((root / "_config.yml").read_text())["sphinx"]["config"]
+    mathjax = [root / folder / config["mathjax_path"] for folder in config["html_static_path"]]
+    return {"planner": weight(), "screenshot": (root / "book" / "images" / "planner.png").stat().st_size,
+            "mathjax": next(f for f in mathjax if f.is_file()).stat().st_size,
+            "theme": sum(f.stat().st_size for f in theme_assets())}
+
+
+def theme_assets() -> list[Path]:
+    """The files of the book's theme (pydata-sphinx-theme under sphinx-book-theme) that every page
+    loads: those its templates' asset macros name, and the fonts their style sheets name."""
+    import importlib
+    import re
+
+    files = set()
+    for package in ("pydata_sphinx_theme", "sphinx_book_theme"):
+        try:
+            static = Path(importlib.import_module(package).__file__).parent / "theme" / package / "static"
+        except ImportError:  # a reader's environment: no book build
+            return []
+        for macros in static.glob("*webpack-macros.html"):
+            files |= {static / name for name in re.findall(r"pathto\('_static/([^']+)'", macros.read_text())}
+    fonts = {(css.parent / url).resolve() for css in files if css.suffix == ".css"
+             for url in re.findall(r"url\(([^)'\"]+\.woff2)\)", css.read_text())}
+    return sorted(files | fonts)
 
 
 def show():
@@ -89,4 +132,5 @@ def show():
     display(HTML(page()))
 
 
-__all__ = ["DEFAULT_REQUEST", "page", "planner_data", "script", "show", "source_digest", "weight"]
+__all__ = ["DEFAULT_REQUEST", "page", "page_weight", "planner_data", "script", "show", "source_digest",
+           "theme_assets", "weight"]
