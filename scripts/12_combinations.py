@@ -85,6 +85,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--in-place", nargs="+", choices=SCHEDULES, default=None,
                    help="the schedules that compile mode in-place runs (default: those of --schedules that split "
                         "the backward)")
+    p.add_argument("--stage", nargs="+", choices=SCHEDULES, default=None,
+                   help="the schedules that compile mode stage runs (default: every one of --schedules)")
     p.add_argument("--donated-buffers-probe", action="store_true",
                    help="first, on each rank alone, step ZBVZeroBubble with blocks compiled in place and donated "
                         "buffers on, and record the error")
@@ -278,35 +280,43 @@ def compiled(mode: str, backend: str):
 
 
 class GraphCalls:
-    """Counts, per kind of action (F, B, I, W), how often compiled forward and backward graphs
-    run: ``backend()`` is ``aot_eager`` with counting compilers (AOTAutograd's graphs, run as they
-    are). A compiled block's backward is one graph: each run computes every gradient it has."""
+    """Counts, per kind of action (F, B, I, W), how often compiled graphs run. With ``aot_eager``
+    the counting compilers see AOTAutograd's forward and backward graphs (run as they are): a
+    compiled block's backward is one graph, and each run computes every gradient it has. With any
+    other backend, each graph dynamo compiled is counted as one ``graph`` per call."""
 
     def __init__(self):
-        self.kind, self.calls, self._backend = None, {}, None
+        self.kind, self.calls, self._backends = None, {}, {}
 
-    def backend(self):
-        """One backend object for every compilation (dynamo reuses what one backend compiled)."""
-        if self._backend is None:
-            self._backend = self._make()
-        return self._backend
+    def backend(self, name: str):
+        """One backend object per name for every compilation (dynamo reuses what one backend compiled)."""
+        if name not in self._backends:
+            self._backends[name] = self._make(name)
+        return self._backends[name]
 
-    def _make(self):
+    def _count(self, graph: str) -> None:
+        key = f"{graph} in {self.kind}"
+        self.calls[key] = self.calls.get(key, 0) + 1
+
+    def _make(self, name: str):
         from torch._dynamo.backends.debugging import aot_eager, boxed_nop
+        from torch._dynamo.backends.registry import lookup_backend
 
-        def counting(graph):
+        def counting(graph, compile_graph):
             def compiler(gm, example_inputs):
-                run = boxed_nop(gm, example_inputs)
+                run = compile_graph(gm, example_inputs)
 
-                def counted(args):
-                    key = f"{graph} in {self.kind}"
-                    self.calls[key] = self.calls.get(key, 0) + 1
-                    return run(args)
-                counted._boxed_call = True
+                def counted(*args):
+                    self._count(graph)
+                    return run(*args)
+                counted._boxed_call = getattr(run, "_boxed_call", False)  # called as the compiled graph is
                 return counted
             return compiler
 
-        return functools.partial(aot_eager, fw_compiler=counting("forward"), bw_compiler=counting("backward"))
+        if name == "aot_eager":
+            return functools.partial(aot_eager, fw_compiler=counting("forward", boxed_nop),
+                                     bw_compiler=counting("backward", boxed_nop))
+        return counting("graph", lookup_backend(name))
 
     def attach(self, stage) -> None:
         def wrap(method, kind_of):
@@ -348,22 +358,25 @@ def donated_buffers_off(on: bool, keep_caches: bool = False):
 graph_calls = GraphCalls()
 
 
-def backend_of(args):
-    """The backend torch.compile gets: aot_eager with its graphs' runs counted, or the one named."""
-    return graph_calls.backend() if args.backend == "aot_eager" else args.backend
+#: What torch 2.13 raises when a schedule that splits the backward is built with compiled stage
+#: modules (``_check_torch_compile_compatibility``); any other error is a failure.
+REFUSAL = "schedule is not supported with stage modules that have used torch.compile"
 
 
 def compile_run(name, mode, full, ref, tokens, targets, args, info) -> dict:
-    if (mode == "in-place") != compile_run.donation_off:  # graphs compiled with and without donated
-        torch._dynamo.reset()  # buffers must not be mixed: the split backward refuses the first kind
-        compile_run.donation_off = mode == "in-place"
-    torch._dynamo.utils.counters.clear()
+    backend = args.backend if mode == "eager" else graph_calls.backend(args.backend)  # its graphs' runs counted
     mods, stages, indices, num_stages = build_stages(name, full, args, info.rank, info.world_size, info.device,
-                                                     compiled(mode, backend_of(args)))
+                                                     compiled(mode, backend))
     try:
         schedule = make_schedule(name, stages, args.microbatches)
     except RuntimeError as err:  # torch refuses before any compilation or message
+        if REFUSAL not in str(err):
+            raise
         return {"schedule": name, "mode": mode, "refused": f"{type(err).__name__}: {err}"}
+    if mode != "eager" and (mode == "in-place") != compile_run.donation_off:  # graphs compiled with and
+        torch._dynamo.reset()  # without donated buffers must not be mixed: the split backward refuses the first
+        compile_run.donation_off = mode == "in-place"
+    torch._dynamo.utils.counters.clear()
     rec = timeline.Recorder(info.rank)
     for stage in stages:
         rec.attach(stage)
@@ -391,7 +404,8 @@ def compile_run(name, mode, full, ref, tokens, targets, args, info) -> dict:
         for key, n in c.items():
             counted[key] = counted.get(key, 0) + n
     return {"schedule": name, "mode": mode, "refused": None, "max_grad_diff": diff.item(),
-            "graphs": int(graphs.item()), "graph_calls": counted if args.backend == "aot_eager" else None,
+            "graphs": int(graphs.item()), "graph_calls": counted,
+            "compiled_runs": sum(counted.values()),  # every rank's runs of compiled graphs in the counted step
             "microbatches_x_blocks": args.microbatches * args.layers, **result}
 
 
@@ -426,8 +440,9 @@ def compile_section(args, info) -> dict:
     ref = reference(full, tokens, targets, args.microbatches)  # eager, one process
     donated = donated_buffers_error(full, tokens, targets, args, info) if args.donated_buffers_probe else None
     runs = []
-    in_place = args.in_place or [n for n in args.schedules if n in SPLIT]  # where the wrappers are refused
-    plan = [(n, m) for n in args.schedules for m in args.compile_modes if m != "in-place" or n in in_place]
+    only = {"in-place": args.in_place or [n for n in args.schedules if n in SPLIT],  # where the wrappers are refused
+            "stage": args.stage or args.schedules}
+    plan = [(n, m) for n in args.schedules for m in args.compile_modes if n in only.get(m, [n])]
     for name, mode in tqdm(plan, desc="schedules x compile modes", disable=info.rank != 0):
         runs.append(compile_run(name, mode, full, ref, tokens, targets, args, info))
     return {"backend": args.backend, "donated_buffers_error": donated, "runs": runs}
@@ -916,14 +931,22 @@ def report(args, result) -> bool:
     ok = True
     if args.section == "compile":
         tol = precision.tolerance(args.dtype)  # LoopedBFS adds its microbatches' gradients in another order
+        ran_compiled = 0
         for r in result["runs"]:
             if r["refused"]:
                 print(f"{r['schedule']:>21} {r['mode']:<8} refused: {r['refused'][:90]}")
                 continue
-            good = r["max_grad_diff"] <= tol
+            # a compiled mode must have run compiled graphs (not fallen back to eager), eager none
+            compiled_ok = (r["compiled_runs"] > 0) == (r["mode"] != "eager")
+            ran_compiled += r["mode"] != "eager" and r["compiled_runs"] > 0
+            good = r["max_grad_diff"] <= tol and compiled_ok
             ok &= good
             print(f"{r['schedule']:>21} {r['mode']:<8} step {1e3 * r['step_seconds']:7.1f} ms  graphs {r['graphs']}  "
-                  f"max |grad diff| {r['max_grad_diff']:.1e} {'MATCH' if good else 'MISMATCH'}")
+                  f"compiled runs {r['compiled_runs']}  max |grad diff| {r['max_grad_diff']:.1e} "
+                  f"{'MATCH' if good else 'MISMATCH' if compiled_ok else 'NOT COMPILED'}")
+        if set(args.compile_modes) != {"eager"} and not ran_compiled:
+            print("no schedule ran compiled: every compiled mode was refused or fell back to eager")
+            ok = False
     if args.section == "recompute":
         for r in result["runs"]:
             good = r["max_grad_diff"] <= precision.tolerance(args.dtype)
