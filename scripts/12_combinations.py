@@ -53,8 +53,10 @@ from tqdm import tqdm
 
 from ppbook import cli, data, fsdp_probe, kernels, measure, precision, recompute, simulate, timeline, training, workload
 from ppbook.dist import gather_to_rank0
-from ppbook.fsdp_window import StageGroups, fsdp_step
-from ppbook.models import LlamaConfig, build_model
+from ppbook.models import LlamaConfig, RMSNorm, build_model
+from ppbook.planner import memory as planner_memory
+from ppbook.planner import search as planner_search
+from ppbook.planner.shapes import ModelShape
 from ppbook.planner.traffic import fsdp_gathers
 from ppbook.stages import TORCH_SCHEDULES, schedule_problem, stage_indices, stage_module
 
@@ -556,18 +558,22 @@ def sharded(dp_mesh, reshard_after_forward: bool):
 
 
 def predicted(name, mods, indices, pp_rank, pp, m, reshard) -> dict:
-    """This rank's all-gathers per step by the planner's count (ppbook.planner.traffic, per group
-    from the stage's action kinds) and with torch's unshard window (ppbook.fsdp_window), and the
-    bytes the window count gathers."""
-    order = [(a.stage, a.kind) for a in simulate.torch_order(name, pp, m, len(indices))[pp_rank]]
-    groups = {}
+    """This rank's all-gathers per step and the bytes they gather, as the planner predicts them
+    (its FSDP count, torch's unshard window included), and the count without the window
+    (``planner.traffic.fsdp_gathers`` per group, from the stage's action kinds)."""
+    groups = []  # per stage, as the planner takes them: (index, bytes in blocks, bytes in the root group, blocks)
     for i, mod in zip(indices, mods):
-        blocks = tuple(sum(p.numel() * p.element_size() for p in b.parameters()) for b in mod.layers.values())
-        groups[i] = StageGroups(blocks, sum(p.numel() * p.element_size() for p in mod.parameters()) - sum(blocks))
-    planner = sum(len(g.blocks) * fsdp_gathers([k for s, k in order if s == i], reshard) + (1 if g.root else 0)
-                  for i, g in groups.items())
-    count = fsdp_step(order, groups, reshard, window=name not in ("GPipe", "1F1B"))
-    return {"planner_gathers": planner, "window_gathers": count.all_gathers, "gathered_bytes": count.gathered_bytes}
+        blocks = sum(p.numel() * p.element_size() for p in mod.layers.parameters())
+        groups.append((i, blocks, sum(p.numel() * p.element_size() for p in mod.parameters()) - blocks, len(mod.layers)))
+    v = len(indices)
+    nbytes = planner_search._fsdp_gathered_per_step(name, pp, m, v, pp_rank, reshard, tuple(groups))
+    # the same count with every group weighing one: how many all-gathers
+    count = planner_search._fsdp_gathered_per_step(name, pp, m, v, pp_rank, reshard,
+                                                   tuple((i, n, 1 if root else 0, n) for i, _, root, n in groups))
+    order = [(a.stage, a.kind) for a in simulate.torch_order(name, pp, m, v)[pp_rank]]
+    no_window = sum(n * fsdp_gathers([k for s, k in order if s == i], reshard) + (1 if root else 0)
+                    for i, _, root, n in groups)
+    return {"planner_gathers": round(count), "planner_gathered_bytes": nbytes, "no_window_gathers": no_window}
 
 
 def fsdp_run(name, reshard, full, ref, tokens, targets, mesh, args, info) -> dict:
@@ -959,9 +965,10 @@ def report(args, result) -> bool:
         for r in result["runs"]:
             good = r["max_grad_diff"] <= precision.tolerance(args.dtype)
             ok &= good
-            gathers = " ".join(f"{x['all_gathers']}/{x['planner_gathers']}/{x['window_gathers']}" for x in r["ranks"])
+            gathers = " ".join(f"{x['all_gathers']}/{x['planner_gathers']}/{x['no_window_gathers']}" for x in r["ranks"])
             print(f"{r['schedule']:>16} reshard_after_forward={r['reshard_after_forward']!s:<5} step "
-                  f"{1e3 * r['step_seconds']:6.1f} ms  all-gathers per rank (measured/planner/window) {gathers}  "
+                  f"{1e3 * r['step_seconds']:6.1f} ms  all-gathers per rank (measured/planner/without the window) "
+                  f"{gathers}  "
                   f"max |grad diff| {r['max_grad_diff']:.1e} {'MATCH' if good else 'MISMATCH'}")
     if args.section == "tp":
         for r in result["runs"]:

@@ -66,8 +66,11 @@ def test_fsdp_on_a_2_by_2_mesh_matches_one_process_resharding_or_not():
     for run in by.values():
         assert run["max_grad_diff"] <= precision.tolerance("float32"), run["max_grad_diff"]
         assert len(run["ranks"]) == 4
-        for x in run["ranks"]:  # one stage per rank: the planner's count is exact, and the window changes none
-            assert x["all_gathers"] == x["planner_gathers"] == x["window_gathers"], x
+        for x in run["ranks"]:  # one stage per rank: the planner's count is exact, and there is no window
+            assert x["all_gathers"] == x["planner_gathers"] == x["no_window_gathers"], x
+            assert x["all_gather_bytes"] == x["planner_gathered_bytes"], x  # every dimension splits in 2: no padding
+            assert x["sent_bytes"] == (x["all_gather_bytes"] + x["reduce_scatter_bytes"]) / 2, x  # a ring of 2
+            assert x["reduce_scatter_bytes"] == x["stage_param_bytes"], x  # every gradient once, float32
     on, off = by[True]["ranks"][0], by[False]["ranks"][0]
     assert on["all_gathers"] > off["all_gathers"]  # resharding after forward gathers again for the backward
     assert on["reduce_scatters"] == off["reduce_scatters"] == off["all_gathers"]  # once per group, after the step
