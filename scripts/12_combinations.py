@@ -458,19 +458,30 @@ def stage_policies(spec: str, num_stages: int) -> list[str]:
     return [modes[min(i, len(modes) - 1)] for i in range(num_stages)]
 
 
+class FusedRMSNorm(RMSNorm):
+    """The final norm with the fused blocks' function (``ppbook.kernels``): keeps its input and rstd."""
+
+    def forward(self, x):
+        return kernels.RMSNormFunction.apply(x, self.weight, self.eps)
+
+
 # [start-recompute]
-def recomputed(policies, kernels_name, probe, calls):
-    """Each stage's blocks checkpointed as its policy says, their kept
-    bytes recorded by ``probe``, their forwards (recomputations too)
+def recomputed(policies, kernels_name, probe, saved, calls):
+    """Each stage's blocks checkpointed as its policy says, what each
+    block keeps recorded by ``probe``, what the stage keeps across the
+    step by ``saved``, the blocks' forwards (recomputations too)
     counted in ``calls``."""
     def prepare(mod, index):
         if kernels_name == "fused":
             kernels.fuse(mod)
+            if mod.norm is not None:  # the last stage's final norm too
+                mod.norm.__class__ = FusedRMSNorm
         probe.attach(mod.layers)  # outside the checkpoint: sees what it keeps
+        saved.attach(mod, index)
         for name, block in mod.layers.items():
             block.attention.wq.register_forward_hook(
                 lambda *_, name=name: calls.update({name: calls.get(name, 0) + 1}))
-            recompute.checkpoint_block(block, policies[index])
+            recompute.checkpoint_block(block, policies[index], saved)
         return mod
     return prepare
 # [end-recompute]
@@ -480,9 +491,9 @@ def recompute_run(name, spec, full, ref, tokens, targets, args, info) -> dict:
     pp = info.world_size
     num_stages = pp * len(stage_indices(name, 0, pp, args.stages_per_rank))
     policies = stage_policies(spec, num_stages)
-    probe, calls = recompute.BlockBytes(), {}
+    probe, saved, calls = recompute.BlockBytes(), recompute.SavedBytes(), {}
     mods, stages, indices, num_stages = build_stages(name, full, args, info.rank, pp, info.device,
-                                                     recomputed(policies, args.kernels, probe, calls))
+                                                     recomputed(policies, args.kernels, probe, saved, calls))
     schedule = make_schedule(name, stages, args.microbatches)
     rec = timeline.Recorder(info.rank)
     for stage in stages:
@@ -497,21 +508,61 @@ def recompute_run(name, spec, full, ref, tokens, targets, args, info) -> dict:
     result = timed(run_step, args, info, rec)
     probe.reset()
     calls.clear()
-    probe.enabled = True  # one more step, recording what each block keeps (the profiler costs time)
+    probe.enabled = saved.enabled = True  # one more step, recording what is kept (the profiler costs time)
+    saved.reset()
     run_step()
-    probe.enabled = False
+    probe.enabled = saved.enabled = False
     diff = torch.tensor(grad_diff(mods, ref), dtype=torch.float64)
     dist.all_reduce(diff, op=dist.ReduceOp.MAX)
     per_stage = {}
     for i, mod in zip(indices, mods):
         kept = [b for (block, _), b in probe.bytes.items() if block in mod.layers]
         per_stage[i] = {"mode": policies[i], "blocks": list(mod.layers.keys()), "block_bytes": sorted(set(kept)),
-                        "forwards_per_block": max(calls.get(b, 0) for b in mod.layers) / args.microbatches}
+                        "forwards_per_block": max(calls.get(b, 0) for b in mod.layers) / args.microbatches,
+                        "saved_peak_bytes": saved.peak.get(i, 0),  # the most this stage kept at once
+                        "rank": info.rank, "rank_saved_peak_bytes": saved.peak_total}  # all of this rank's stages
     stages_info = gather_to_rank0(per_stage)
     if result is None:
         return {}
+    every = {k: v for d in stages_info for k, v in d.items()}
+    dtype_bytes = next(full.parameters()).element_size()
+    model = kept_model(name, every, llama_shape(args), args.batch_size // args.microbatches * args.seq_len,
+                       dtype_bytes, args.kernels, pp, args.microbatches, len(indices))
     return {"schedule": name, "policies": policies, "max_grad_diff": diff.item(),
-            "stages": {str(k): v for d in stages_info for k, v in d.items()}, **result}
+            "stages": {str(k): v for k, v in every.items()}, **model, **result}
+
+
+def llama_shape(args) -> ModelShape:
+    """The script's model as the planner describes it."""
+    return ModelShape("script", vocab=args.vocab, hidden=args.dim, layers=args.layers, heads=args.heads,
+                      kv_heads=args.kv_heads, ffn=args.ffn)
+
+
+def kept_model(name, stages: dict, shape, tokens: int, dtype_bytes: int, kernels_name: str, pp: int, m: int,
+               v: int) -> dict:
+    """What the book's memory model says each stage and each rank keeps at most, for the stages'
+    policies (``stages``: index -> {"mode", "blocks"}). Per microbatch a stage keeps
+    ``planner.memory.stage_activation_bytes``, plus the generator state of each checkpointed block
+    (``recompute.RNG_STATE_BYTES``). ``stage_model_bytes``: that, times the most microbatches the
+    stage holds at once (the schedule's order, ``ppbook.simulate``). ``rank_model_bytes``: the
+    planner's count for a rank at its peak, which for the schedules that split the backward adds
+    what each block keeps after its microbatch's weight pass until the step ends
+    (``planner.memory.block_residual_values``, counted per stage by the planner's search)."""
+    num_stages = len(stages)
+
+    def per_mb(i):
+        st = stages[i]
+        layers = [int(b) for b in st["blocks"]]
+        rng = recompute.RNG_STATE_BYTES * len(layers) if st["mode"] != "none" else 0
+        return planner_memory.stage_activation_bytes(shape, layers, tokens, i == 0, i == num_stages - 1, dtype_bytes,
+                                                     kernels_name, st["mode"]) + rng
+
+    held = simulate.peak_in_flight(simulate.torch_order(name, pp, m, v))
+    residual = planner_memory.values_bytes(planner_memory.block_residual_values(shape), tokens, dtype_bytes)
+    split = name in SPLIT
+    ranks = [sum(count * per_mb(i) + (res * len(stages[i]["blocks"]) * residual if split else 0)
+                 for i, count, res in peak) for peak in planner_search._in_flight(name, pp, m, v)]
+    return {"stage_model_bytes": {str(i): held[i] * per_mb(i) for i in sorted(stages)}, "rank_model_bytes": ranks}
 
 
 def recompute_plan(args) -> tuple[list, list]:
