@@ -12,15 +12,22 @@ What a pipeline does when the sequence length changes between steps (fails on pu
     torchrun --standalone --nproc-per-node 2 scripts/12_combinations.py --section shapes --lengths 32 16
 The compile section with inductor, torch.compile's default backend (minutes of compiling on a CPU):
     torchrun --standalone --nproc-per-node 2 scripts/12_combinations.py --section compile --backend inductor --steps 5 --donated-buffers-probe --check
+The extra time of recomputation at a size where computing dominates (chapter 12's record,
+data/recorded/recompute_cost.json):
+    torchrun --standalone --nproc-per-node 2 scripts/12_combinations.py --section recompute --policies none full selective ZBVZeroBubble:none ZBVZeroBubble:full --dim 512 --heads 8 --kv-heads 4 --ffn 1408 --seq-len 256 --steps 5 --check
 GPUs (NCCL), larger sizes:
     torchrun --standalone --nproc-per-node 4 scripts/12_combinations.py --section tp --device cuda --dim 1024 --heads 16 --kv-heads 4 --ffn 2816 --seq-len 512 --batch-size 32
 
 Sections:
 - compile: each stage's blocks compiled (``torch.compile(block)``, as torchtitan does) or each
-  stage whole, under every schedule; the schedules that split the backward refuse compiled
-  modules, and ``block.compile()`` (in place) with donated buffers off shows what happens then.
+  stage whole, under every schedule (``--stage`` picks the schedules for whole stages); the
+  schedules that split the backward refuse compiled modules, and ``block.compile()`` (in place)
+  with donated buffers off shows what happens then. ``--check`` also fails if a compiled run's
+  graphs never ran.
 - recompute: activation checkpointing per block, full or selective (torchtitan's policy), a
-  policy per stage; each block's kept bytes against the planner's memory model.
+  policy per stage; each block's kept bytes, and each stage's kept bytes across the step (their
+  high-water mark), against the planner's memory model; the extra backward time per block over
+  the same schedule without checkpointing (``recompute_costs``).
 - fsdp: FSDP2 inside each stage over a ("pp", "dp") mesh, resharding after forward on and off,
   under a one-stage-per-rank schedule and under torch's runtime with its unshard lookahead.
 - tp: tensor parallelism inside each stage over a ("pp", "tp") mesh with ``parallelize_module``;
@@ -575,6 +582,30 @@ def recompute_plan(args) -> tuple[list, list]:
     return [x for x in pairs if x not in skipped], skipped
 
 
+def recompute_costs(runs: list[dict]) -> list[dict]:
+    """The extra time of recomputation, isolated: for each checkpointed stage of each run, its
+    backward per block (B, or I + W) minus the same stage's under the same schedule without
+    checkpointing (a run of ``none`` everywhere in the same launch), next to that run's forward
+    per block. Full checkpointing should cost about one forward per block; what the stage runs
+    besides its blocks (the embedding, the head) is in both."""
+    base = {r["schedule"]: r for r in runs if r and set(r["policies"]) == {"none"}}
+    out = []
+    for r in runs:
+        none = base.get(r.get("schedule"))
+        if none is None or r is none:
+            continue
+        for s, st in sorted(r["stages"].items()):
+            if st["mode"] == "none":
+                continue
+            n = len(st["blocks"])
+            backward = [sum(run["stage_costs"].get(f"{s}{kind}", 0.0) for kind in "BIW") for run in (r, none)]
+            out.append({"schedule": r["schedule"], "policies": r["policies"], "stage": int(s), "mode": st["mode"],
+                        "blocks": n, "forward_per_block": none["stage_costs"][f"{s}F"] / n,
+                        "extra_backward_per_block": (backward[0] - backward[1]) / n,
+                        "forwards_per_block": st["forwards_per_block"]})
+    return out
+
+
 def recompute_section(args, info) -> dict:
     full = full_llama(args, info.device)
     tokens, targets = workload.make_batch(args, 0, info.device)  # (B, T) each
@@ -587,7 +618,7 @@ def recompute_section(args, info) -> dict:
             for n, spec in tqdm(plan, desc="schedules x policies", disable=info.rank != 0)]
     return {"kernels": args.kernels, "microbatch_tokens": args.batch_size // args.microbatches * args.seq_len,
             "heads": args.heads, "kv_heads": args.kv_heads, "ffn": args.ffn, "vocab": args.vocab,
-            "rng_state_bytes": recompute.RNG_STATE_BYTES, "runs": runs,
+            "rng_state_bytes": recompute.RNG_STATE_BYTES, "runs": runs, "recompute_costs": recompute_costs(runs),
             "skipped": [{"schedule": n, "policies": spec} for n, spec in skipped]}
 
 

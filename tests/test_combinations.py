@@ -177,6 +177,66 @@ def test_the_compile_check_fails_when_nothing_ran_compiled(script, capsys):
     assert "NOT COMPILED" in capsys.readouterr().out
 
 
+# --- in-process: what a stage keeps, and what recomputing costs ----------------------------------
+@pytest.mark.parametrize("mode", ["none", "full", "selective"])
+def test_saved_bytes_follow_each_microbatch_from_its_forward_to_its_backward(mode):
+    from ppbook import recompute, workload
+    from ppbook.models import LlamaConfig, build_model
+    from ppbook.planner.memory import stage_activation_bytes
+    from ppbook.stages import stage_module
+
+    cfg = LlamaConfig(vocab_size=128, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_hidden_dim=64, max_seq_len=16)
+    mod = stage_module(build_model(cfg, seed=0), 0, 1)  # the whole model as one stage: first and last
+    saved = recompute.SavedBytes()
+    saved.attach(mod, 0)
+    for block in mod.layers.values():
+        recompute.checkpoint_block(block, mode, saved)
+    shape = ModelShape("t", vocab=128, hidden=32, layers=2, heads=4, kv_heads=2, ffn=64)
+    per_mb = stage_activation_bytes(shape, [0, 1], 2 * 16, True, True, 4, "book", mode) + \
+        (2 * recompute.RNG_STATE_BYTES if mode != "none" else 0)
+    tokens = torch.randint(0, 128, (4, 16), generator=torch.Generator().manual_seed(0))  # two microbatches
+    saved.enabled = True
+    losses = [mod(t).float().square().mean() for t in tokens.tensor_split(2)]  # views of one storage
+    saved.enabled = False
+    assert saved.live == {0: 2 * per_mb} and saved.peak_total == 2 * per_mb
+    losses.pop(0).backward()
+    assert saved.total == per_mb  # the first microbatch's, dropped after its backward
+    losses.pop().backward()
+    assert saved.total == 0 and saved.peak == {0: 2 * per_mb}
+    saved.reset()
+    assert saved.peak_total == 0
+
+
+def test_saved_bytes_count_a_storage_once_however_many_views_of_it_are_saved():
+    from ppbook import recompute
+
+    saved = recompute.SavedBytes()
+    x = torch.zeros(4, 8)  # 128 bytes
+    views = [x, x[:2], x[1:3], x.t(), x[3:]]  # all within x's storage, overlapping
+    packed = [saved._pack(0, v) for v in views]
+    assert saved.total == 128
+    del packed[0], packed[2]  # x and x.t() dropped: rows 0-2 and row 3 remain, overlapping
+    assert saved.total == 128
+    del packed[0]  # x[:2] dropped: rows 1-2 and 3 remain
+    assert saved.total == 96
+    packed.clear()
+    assert saved.total == 0 and saved.peak_total == 128
+
+
+def test_recompute_costs_subtract_the_same_schedule_without_checkpointing(script):
+    def run(name, policies, f, b, forwards=1.0):
+        return {"schedule": name, "policies": policies, "stage_costs": {"0F": f, "0B": b, "1F": f, "1I": b / 2, "1W": b / 2},
+                "stages": {str(s): {"mode": m, "blocks": ["0", "1"], "forwards_per_block": forwards}
+                           for s, m in enumerate(policies)}}
+    runs = [run("ZBVZeroBubble", ["full", "selective", "none"], 1.0, 5.0, 2.0),
+            run("ZBVZeroBubble", ["none", "none", "none"], 1.0, 2.0),
+            run("GPipe", ["full", "full"], 1.0, 5.0, 2.0)]  # no run without checkpointing: nothing to subtract
+    common = {"schedule": "ZBVZeroBubble", "policies": ["full", "selective", "none"], "blocks": 2,
+              "forward_per_block": 0.5, "extra_backward_per_block": 1.5, "forwards_per_block": 2.0}
+    assert script.recompute_costs(runs) == [{**common, "stage": 0, "mode": "full"},  # B
+                                            {**common, "stage": 1, "mode": "selective"}]  # I + W
+
+
 # --- pure: packing and batching ------------------------------------------------------------------
 def rows_of(lengths: list[int], width: int):
     g = torch.Generator().manual_seed(0)
