@@ -12,15 +12,22 @@ What a pipeline does when the sequence length changes between steps (fails on pu
     torchrun --standalone --nproc-per-node 2 scripts/12_combinations.py --section shapes --lengths 32 16
 The compile section with inductor, torch.compile's default backend (minutes of compiling on a CPU):
     torchrun --standalone --nproc-per-node 2 scripts/12_combinations.py --section compile --backend inductor --steps 5 --donated-buffers-probe --check
+The extra time of recomputation at a size where computing dominates (chapter 12's record,
+data/recorded/recompute_cost.json):
+    torchrun --standalone --nproc-per-node 2 scripts/12_combinations.py --section recompute --policies none full selective ZBVZeroBubble:none ZBVZeroBubble:full --dim 512 --heads 8 --kv-heads 4 --ffn 1408 --seq-len 256 --steps 5 --check
 GPUs (NCCL), larger sizes:
     torchrun --standalone --nproc-per-node 4 scripts/12_combinations.py --section tp --device cuda --dim 1024 --heads 16 --kv-heads 4 --ffn 2816 --seq-len 512 --batch-size 32
 
 Sections:
 - compile: each stage's blocks compiled (``torch.compile(block)``, as torchtitan does) or each
-  stage whole, under every schedule; the schedules that split the backward refuse compiled
-  modules, and ``block.compile()`` (in place) with donated buffers off shows what happens then.
+  stage whole, under every schedule (``--stage`` picks the schedules for whole stages); the
+  schedules that split the backward refuse compiled modules, and ``block.compile()`` (in place)
+  with donated buffers off shows what happens then. ``--check`` also fails if a compiled run's
+  graphs never ran.
 - recompute: activation checkpointing per block, full or selective (torchtitan's policy), a
-  policy per stage; each block's kept bytes against the planner's memory model.
+  policy per stage; each block's kept bytes, and each stage's kept bytes across the step (their
+  high-water mark), against the planner's memory model; the extra backward time per block over
+  the same schedule without checkpointing (``recompute_costs``).
 - fsdp: FSDP2 inside each stage over a ("pp", "dp") mesh, resharding after forward on and off,
   under a one-stage-per-rank schedule and under torch's runtime with its unshard lookahead.
 - tp: tensor parallelism inside each stage over a ("pp", "tp") mesh with ``parallelize_module``;
@@ -53,8 +60,10 @@ from tqdm import tqdm
 
 from ppbook import cli, data, fsdp_probe, kernels, measure, precision, recompute, simulate, timeline, training, workload
 from ppbook.dist import gather_to_rank0
-from ppbook.fsdp_window import StageGroups, fsdp_step
-from ppbook.models import LlamaConfig, build_model
+from ppbook.models import LlamaConfig, RMSNorm, build_model
+from ppbook.planner import memory as planner_memory
+from ppbook.planner import search as planner_search
+from ppbook.planner.shapes import ModelShape
 from ppbook.planner.traffic import fsdp_gathers
 from ppbook.stages import TORCH_SCHEDULES, schedule_problem, stage_indices, stage_module
 
@@ -85,6 +94,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--in-place", nargs="+", choices=SCHEDULES, default=None,
                    help="the schedules that compile mode in-place runs (default: those of --schedules that split "
                         "the backward)")
+    p.add_argument("--stage", nargs="+", choices=SCHEDULES, default=None,
+                   help="the schedules that compile mode stage runs (default: every one of --schedules)")
     p.add_argument("--donated-buffers-probe", action="store_true",
                    help="first, on each rank alone, step ZBVZeroBubble with blocks compiled in place and donated "
                         "buffers on, and record the error")
@@ -278,35 +289,43 @@ def compiled(mode: str, backend: str):
 
 
 class GraphCalls:
-    """Counts, per kind of action (F, B, I, W), how often compiled forward and backward graphs
-    run: ``backend()`` is ``aot_eager`` with counting compilers (AOTAutograd's graphs, run as they
-    are). A compiled block's backward is one graph: each run computes every gradient it has."""
+    """Counts, per kind of action (F, B, I, W), how often compiled graphs run. With ``aot_eager``
+    the counting compilers see AOTAutograd's forward and backward graphs (run as they are): a
+    compiled block's backward is one graph, and each run computes every gradient it has. With any
+    other backend, each graph dynamo compiled is counted as one ``graph`` per call."""
 
     def __init__(self):
-        self.kind, self.calls, self._backend = None, {}, None
+        self.kind, self.calls, self._backends = None, {}, {}
 
-    def backend(self):
-        """One backend object for every compilation (dynamo reuses what one backend compiled)."""
-        if self._backend is None:
-            self._backend = self._make()
-        return self._backend
+    def backend(self, name: str):
+        """One backend object per name for every compilation (dynamo reuses what one backend compiled)."""
+        if name not in self._backends:
+            self._backends[name] = self._make(name)
+        return self._backends[name]
 
-    def _make(self):
+    def _count(self, graph: str) -> None:
+        key = f"{graph} in {self.kind}"
+        self.calls[key] = self.calls.get(key, 0) + 1
+
+    def _make(self, name: str):
         from torch._dynamo.backends.debugging import aot_eager, boxed_nop
+        from torch._dynamo.backends.registry import lookup_backend
 
-        def counting(graph):
+        def counting(graph, compile_graph):
             def compiler(gm, example_inputs):
-                run = boxed_nop(gm, example_inputs)
+                run = compile_graph(gm, example_inputs)
 
-                def counted(args):
-                    key = f"{graph} in {self.kind}"
-                    self.calls[key] = self.calls.get(key, 0) + 1
-                    return run(args)
-                counted._boxed_call = True
+                def counted(*args):
+                    self._count(graph)
+                    return run(*args)
+                counted._boxed_call = getattr(run, "_boxed_call", False)  # called as the compiled graph is
                 return counted
             return compiler
 
-        return functools.partial(aot_eager, fw_compiler=counting("forward"), bw_compiler=counting("backward"))
+        if name == "aot_eager":
+            return functools.partial(aot_eager, fw_compiler=counting("forward", boxed_nop),
+                                     bw_compiler=counting("backward", boxed_nop))
+        return counting("graph", lookup_backend(name))
 
     def attach(self, stage) -> None:
         def wrap(method, kind_of):
@@ -348,22 +367,25 @@ def donated_buffers_off(on: bool, keep_caches: bool = False):
 graph_calls = GraphCalls()
 
 
-def backend_of(args):
-    """The backend torch.compile gets: aot_eager with its graphs' runs counted, or the one named."""
-    return graph_calls.backend() if args.backend == "aot_eager" else args.backend
+#: What torch 2.13 raises when a schedule that splits the backward is built with compiled stage
+#: modules (``_check_torch_compile_compatibility``); any other error is a failure.
+REFUSAL = "schedule is not supported with stage modules that have used torch.compile"
 
 
 def compile_run(name, mode, full, ref, tokens, targets, args, info) -> dict:
-    if (mode == "in-place") != compile_run.donation_off:  # graphs compiled with and without donated
-        torch._dynamo.reset()  # buffers must not be mixed: the split backward refuses the first kind
-        compile_run.donation_off = mode == "in-place"
-    torch._dynamo.utils.counters.clear()
+    backend = args.backend if mode == "eager" else graph_calls.backend(args.backend)  # its graphs' runs counted
     mods, stages, indices, num_stages = build_stages(name, full, args, info.rank, info.world_size, info.device,
-                                                     compiled(mode, backend_of(args)))
+                                                     compiled(mode, backend))
     try:
         schedule = make_schedule(name, stages, args.microbatches)
     except RuntimeError as err:  # torch refuses before any compilation or message
+        if REFUSAL not in str(err):
+            raise
         return {"schedule": name, "mode": mode, "refused": f"{type(err).__name__}: {err}"}
+    if mode != "eager" and (mode == "in-place") != compile_run.donation_off:  # graphs compiled with and
+        torch._dynamo.reset()  # without donated buffers must not be mixed: the split backward refuses the first
+        compile_run.donation_off = mode == "in-place"
+    torch._dynamo.utils.counters.clear()
     rec = timeline.Recorder(info.rank)
     for stage in stages:
         rec.attach(stage)
@@ -391,7 +413,8 @@ def compile_run(name, mode, full, ref, tokens, targets, args, info) -> dict:
         for key, n in c.items():
             counted[key] = counted.get(key, 0) + n
     return {"schedule": name, "mode": mode, "refused": None, "max_grad_diff": diff.item(),
-            "graphs": int(graphs.item()), "graph_calls": counted if args.backend == "aot_eager" else None,
+            "graphs": int(graphs.item()), "graph_calls": counted,
+            "compiled_runs": sum(counted.values()),  # every rank's runs of compiled graphs in the counted step
             "microbatches_x_blocks": args.microbatches * args.layers, **result}
 
 
@@ -426,8 +449,9 @@ def compile_section(args, info) -> dict:
     ref = reference(full, tokens, targets, args.microbatches)  # eager, one process
     donated = donated_buffers_error(full, tokens, targets, args, info) if args.donated_buffers_probe else None
     runs = []
-    in_place = args.in_place or [n for n in args.schedules if n in SPLIT]  # where the wrappers are refused
-    plan = [(n, m) for n in args.schedules for m in args.compile_modes if m != "in-place" or n in in_place]
+    only = {"in-place": args.in_place or [n for n in args.schedules if n in SPLIT],  # where the wrappers are refused
+            "stage": args.stage or args.schedules}
+    plan = [(n, m) for n in args.schedules for m in args.compile_modes if n in only.get(m, [n])]
     for name, mode in tqdm(plan, desc="schedules x compile modes", disable=info.rank != 0):
         runs.append(compile_run(name, mode, full, ref, tokens, targets, args, info))
     return {"backend": args.backend, "donated_buffers_error": donated, "runs": runs}
@@ -441,19 +465,30 @@ def stage_policies(spec: str, num_stages: int) -> list[str]:
     return [modes[min(i, len(modes) - 1)] for i in range(num_stages)]
 
 
+class FusedRMSNorm(RMSNorm):
+    """The final norm with the fused blocks' function (``ppbook.kernels``): keeps its input and rstd."""
+
+    def forward(self, x):
+        return kernels.RMSNormFunction.apply(x, self.weight, self.eps)
+
+
 # [start-recompute]
-def recomputed(policies, kernels_name, probe, calls):
-    """Each stage's blocks checkpointed as its policy says, their kept
-    bytes recorded by ``probe``, their forwards (recomputations too)
+def recomputed(policies, kernels_name, probe, saved, calls):
+    """Each stage's blocks checkpointed as its policy says, what each
+    block keeps recorded by ``probe``, what the stage keeps across the
+    step by ``saved``, the blocks' forwards (recomputations too)
     counted in ``calls``."""
     def prepare(mod, index):
         if kernels_name == "fused":
             kernels.fuse(mod)
+            if mod.norm is not None:  # the last stage's final norm too
+                mod.norm.__class__ = FusedRMSNorm
         probe.attach(mod.layers)  # outside the checkpoint: sees what it keeps
+        saved.attach(mod, index)
         for name, block in mod.layers.items():
             block.attention.wq.register_forward_hook(
                 lambda *_, name=name: calls.update({name: calls.get(name, 0) + 1}))
-            recompute.checkpoint_block(block, policies[index])
+            recompute.checkpoint_block(block, policies[index], saved)
         return mod
     return prepare
 # [end-recompute]
@@ -463,9 +498,9 @@ def recompute_run(name, spec, full, ref, tokens, targets, args, info) -> dict:
     pp = info.world_size
     num_stages = pp * len(stage_indices(name, 0, pp, args.stages_per_rank))
     policies = stage_policies(spec, num_stages)
-    probe, calls = recompute.BlockBytes(), {}
+    probe, saved, calls = recompute.BlockBytes(), recompute.SavedBytes(), {}
     mods, stages, indices, num_stages = build_stages(name, full, args, info.rank, pp, info.device,
-                                                     recomputed(policies, args.kernels, probe, calls))
+                                                     recomputed(policies, args.kernels, probe, saved, calls))
     schedule = make_schedule(name, stages, args.microbatches)
     rec = timeline.Recorder(info.rank)
     for stage in stages:
@@ -480,21 +515,61 @@ def recompute_run(name, spec, full, ref, tokens, targets, args, info) -> dict:
     result = timed(run_step, args, info, rec)
     probe.reset()
     calls.clear()
-    probe.enabled = True  # one more step, recording what each block keeps (the profiler costs time)
+    probe.enabled = saved.enabled = True  # one more step, recording what is kept (the profiler costs time)
+    saved.reset()
     run_step()
-    probe.enabled = False
+    probe.enabled = saved.enabled = False
     diff = torch.tensor(grad_diff(mods, ref), dtype=torch.float64)
     dist.all_reduce(diff, op=dist.ReduceOp.MAX)
     per_stage = {}
     for i, mod in zip(indices, mods):
         kept = [b for (block, _), b in probe.bytes.items() if block in mod.layers]
         per_stage[i] = {"mode": policies[i], "blocks": list(mod.layers.keys()), "block_bytes": sorted(set(kept)),
-                        "forwards_per_block": max(calls.get(b, 0) for b in mod.layers) / args.microbatches}
+                        "forwards_per_block": max(calls.get(b, 0) for b in mod.layers) / args.microbatches,
+                        "saved_peak_bytes": saved.peak.get(i, 0),  # the most this stage kept at once
+                        "rank": info.rank, "rank_saved_peak_bytes": saved.peak_total}  # all of this rank's stages
     stages_info = gather_to_rank0(per_stage)
     if result is None:
         return {}
+    every = {k: v for d in stages_info for k, v in d.items()}
+    dtype_bytes = next(full.parameters()).element_size()
+    model = kept_model(name, every, llama_shape(args), args.batch_size // args.microbatches * args.seq_len,
+                       dtype_bytes, args.kernels, pp, args.microbatches, len(indices))
     return {"schedule": name, "policies": policies, "max_grad_diff": diff.item(),
-            "stages": {str(k): v for d in stages_info for k, v in d.items()}, **result}
+            "stages": {str(k): v for k, v in every.items()}, **model, **result}
+
+
+def llama_shape(args) -> ModelShape:
+    """The script's model as the planner describes it."""
+    return ModelShape("script", vocab=args.vocab, hidden=args.dim, layers=args.layers, heads=args.heads,
+                      kv_heads=args.kv_heads, ffn=args.ffn)
+
+
+def kept_model(name, stages: dict, shape, tokens: int, dtype_bytes: int, kernels_name: str, pp: int, m: int,
+               v: int) -> dict:
+    """What the book's memory model says each stage and each rank keeps at most, for the stages'
+    policies (``stages``: index -> {"mode", "blocks"}). Per microbatch a stage keeps
+    ``planner.memory.stage_activation_bytes``, plus the generator state of each checkpointed block
+    (``recompute.RNG_STATE_BYTES``). ``stage_model_bytes``: that, times the most microbatches the
+    stage holds at once (the schedule's order, ``ppbook.simulate``). ``rank_model_bytes``: the
+    planner's count for a rank at its peak, which for the schedules that split the backward adds
+    what each block keeps after its microbatch's weight pass until the step ends
+    (``planner.memory.block_residual_values``, counted per stage by the planner's search)."""
+    num_stages = len(stages)
+
+    def per_mb(i):
+        st = stages[i]
+        layers = [int(b) for b in st["blocks"]]
+        rng = recompute.RNG_STATE_BYTES * len(layers) if st["mode"] != "none" else 0
+        return planner_memory.stage_activation_bytes(shape, layers, tokens, i == 0, i == num_stages - 1, dtype_bytes,
+                                                     kernels_name, st["mode"]) + rng
+
+    held = simulate.peak_in_flight(simulate.torch_order(name, pp, m, v))
+    residual = planner_memory.values_bytes(planner_memory.block_residual_values(shape), tokens, dtype_bytes)
+    split = name in SPLIT
+    ranks = [sum(count * per_mb(i) + (res * len(stages[i]["blocks"]) * residual if split else 0)
+                 for i, count, res in peak) for peak in planner_search._in_flight(name, pp, m, v)]
+    return {"stage_model_bytes": {str(i): held[i] * per_mb(i) for i in sorted(stages)}, "rank_model_bytes": ranks}
 
 
 def recompute_plan(args) -> tuple[list, list]:
@@ -505,6 +580,30 @@ def recompute_plan(args) -> tuple[list, list]:
              for spec in args.policies for n in ([None] if ":" in spec else args.schedules)]
     skipped = [(n, spec) for n, spec in pairs if n in SPLIT and "selective" in spec]
     return [x for x in pairs if x not in skipped], skipped
+
+
+def recompute_costs(runs: list[dict]) -> list[dict]:
+    """The extra time of recomputation, isolated: for each checkpointed stage of each run, its
+    backward per block (B, or I + W) minus the same stage's under the same schedule without
+    checkpointing (a run of ``none`` everywhere in the same launch), next to that run's forward
+    per block. Full checkpointing should cost about one forward per block; what the stage runs
+    besides its blocks (the embedding, the head) is in both."""
+    base = {r["schedule"]: r for r in runs if r and set(r["policies"]) == {"none"}}
+    out = []
+    for r in runs:
+        none = base.get(r.get("schedule"))
+        if none is None or r is none:
+            continue
+        for s, st in sorted(r["stages"].items()):
+            if st["mode"] == "none":
+                continue
+            n = len(st["blocks"])
+            backward = [sum(run["stage_costs"].get(f"{s}{kind}", 0.0) for kind in "BIW") for run in (r, none)]
+            out.append({"schedule": r["schedule"], "policies": r["policies"], "stage": int(s), "mode": st["mode"],
+                        "blocks": n, "forward_per_block": none["stage_costs"][f"{s}F"] / n,
+                        "extra_backward_per_block": (backward[0] - backward[1]) / n,
+                        "forwards_per_block": st["forwards_per_block"]})
+    return out
 
 
 def recompute_section(args, info) -> dict:
@@ -519,7 +618,7 @@ def recompute_section(args, info) -> dict:
             for n, spec in tqdm(plan, desc="schedules x policies", disable=info.rank != 0)]
     return {"kernels": args.kernels, "microbatch_tokens": args.batch_size // args.microbatches * args.seq_len,
             "heads": args.heads, "kv_heads": args.kv_heads, "ffn": args.ffn, "vocab": args.vocab,
-            "rng_state_bytes": recompute.RNG_STATE_BYTES, "runs": runs,
+            "rng_state_bytes": recompute.RNG_STATE_BYTES, "runs": runs, "recompute_costs": recompute_costs(runs),
             "skipped": [{"schedule": n, "policies": spec} for n, spec in skipped]}
 
 
@@ -541,18 +640,22 @@ def sharded(dp_mesh, reshard_after_forward: bool):
 
 
 def predicted(name, mods, indices, pp_rank, pp, m, reshard) -> dict:
-    """This rank's all-gathers per step by the planner's count (ppbook.planner.traffic, per group
-    from the stage's action kinds) and with torch's unshard window (ppbook.fsdp_window), and the
-    bytes the window count gathers."""
-    order = [(a.stage, a.kind) for a in simulate.torch_order(name, pp, m, len(indices))[pp_rank]]
-    groups = {}
+    """This rank's all-gathers per step and the bytes they gather, as the planner predicts them
+    (its FSDP count, torch's unshard window included), and the count without the window
+    (``planner.traffic.fsdp_gathers`` per group, from the stage's action kinds)."""
+    groups = []  # per stage, as the planner takes them: (index, bytes in blocks, bytes in the root group, blocks)
     for i, mod in zip(indices, mods):
-        blocks = tuple(sum(p.numel() * p.element_size() for p in b.parameters()) for b in mod.layers.values())
-        groups[i] = StageGroups(blocks, sum(p.numel() * p.element_size() for p in mod.parameters()) - sum(blocks))
-    planner = sum(len(g.blocks) * fsdp_gathers([k for s, k in order if s == i], reshard) + (1 if g.root else 0)
-                  for i, g in groups.items())
-    count = fsdp_step(order, groups, reshard, window=name not in ("GPipe", "1F1B"))
-    return {"planner_gathers": planner, "window_gathers": count.all_gathers, "gathered_bytes": count.gathered_bytes}
+        blocks = sum(p.numel() * p.element_size() for p in mod.layers.parameters())
+        groups.append((i, blocks, sum(p.numel() * p.element_size() for p in mod.parameters()) - blocks, len(mod.layers)))
+    v = len(indices)
+    nbytes = planner_search._fsdp_gathered_per_step(name, pp, m, v, pp_rank, reshard, tuple(groups))
+    # the same count with every group weighing one: how many all-gathers
+    count = planner_search._fsdp_gathered_per_step(name, pp, m, v, pp_rank, reshard,
+                                                   tuple((i, n, 1 if root else 0, n) for i, _, root, n in groups))
+    order = [(a.stage, a.kind) for a in simulate.torch_order(name, pp, m, v)[pp_rank]]
+    no_window = sum(n * fsdp_gathers([k for s, k in order if s == i], reshard) + (1 if root else 0)
+                    for i, _, root, n in groups)
+    return {"planner_gathers": round(count), "planner_gathered_bytes": nbytes, "no_window_gathers": no_window}
 
 
 def fsdp_run(name, reshard, full, ref, tokens, targets, mesh, args, info) -> dict:
@@ -916,14 +1019,22 @@ def report(args, result) -> bool:
     ok = True
     if args.section == "compile":
         tol = precision.tolerance(args.dtype)  # LoopedBFS adds its microbatches' gradients in another order
+        ran_compiled = 0
         for r in result["runs"]:
             if r["refused"]:
                 print(f"{r['schedule']:>21} {r['mode']:<8} refused: {r['refused'][:90]}")
                 continue
-            good = r["max_grad_diff"] <= tol
+            # a compiled mode must have run compiled graphs (not fallen back to eager), eager none
+            compiled_ok = (r["compiled_runs"] > 0) == (r["mode"] != "eager")
+            ran_compiled += r["mode"] != "eager" and r["compiled_runs"] > 0
+            good = r["max_grad_diff"] <= tol and compiled_ok
             ok &= good
             print(f"{r['schedule']:>21} {r['mode']:<8} step {1e3 * r['step_seconds']:7.1f} ms  graphs {r['graphs']}  "
-                  f"max |grad diff| {r['max_grad_diff']:.1e} {'MATCH' if good else 'MISMATCH'}")
+                  f"compiled runs {r['compiled_runs']}  max |grad diff| {r['max_grad_diff']:.1e} "
+                  f"{'MATCH' if good else 'MISMATCH' if compiled_ok else 'NOT COMPILED'}")
+        if set(args.compile_modes) != {"eager"} and not ran_compiled:
+            print("no schedule ran compiled: every compiled mode was refused or fell back to eager")
+            ok = False
     if args.section == "recompute":
         for r in result["runs"]:
             good = r["max_grad_diff"] <= precision.tolerance(args.dtype)
@@ -936,9 +1047,10 @@ def report(args, result) -> bool:
         for r in result["runs"]:
             good = r["max_grad_diff"] <= precision.tolerance(args.dtype)
             ok &= good
-            gathers = " ".join(f"{x['all_gathers']}/{x['planner_gathers']}/{x['window_gathers']}" for x in r["ranks"])
+            gathers = " ".join(f"{x['all_gathers']}/{x['planner_gathers']}/{x['no_window_gathers']}" for x in r["ranks"])
             print(f"{r['schedule']:>16} reshard_after_forward={r['reshard_after_forward']!s:<5} step "
-                  f"{1e3 * r['step_seconds']:6.1f} ms  all-gathers per rank (measured/planner/window) {gathers}  "
+                  f"{1e3 * r['step_seconds']:6.1f} ms  all-gathers per rank (measured/planner/without the window) "
+                  f"{gathers}  "
                   f"max |grad diff| {r['max_grad_diff']:.1e} {'MATCH' if good else 'MISMATCH'}")
     if args.section == "tp":
         for r in result["runs"]:

@@ -7,6 +7,11 @@ and tracks the bytes of parameters held unsharded, in total and while only forwa
 chapter 12 also counts the gradient reductions (one reduce-scatter per group and step under
 torch's pipelining, after the last microbatch's backward).
 
+Each collective's bytes are read from the buffers FSDP hands to it: an all-gather's output (the
+group's parameters unsharded, padded so that each rank's shard has the same size) and a
+reduce-scatter's input (the unsharded gradients, padded the same way), with the size of the group.
+In a ring, each of ``n`` ranks sends ``(n - 1) / n`` of that (:attr:`FsdpStats.sent_bytes`).
+
 It wraps three methods of FSDP2's private ``FSDPParamGroup`` and the module's all-gather and
 reduce-scatter functions for the duration of a ``with`` block (torch 2.13): a measurement, not
 something a training script should depend on.
@@ -24,12 +29,16 @@ class FsdpStats:
     reduce_scatters: int = 0
     peak_unsharded_bytes: int = 0           # the most parameter bytes held unsharded at once
     forward_peak_unsharded_bytes: int = 0   # the same, before the step's first backward
+    all_gather_bytes: int = 0               # what the all-gathers gathered, summed (their outputs)
+    reduce_scatter_bytes: int = 0           # what the reduce-scatters reduced, summed (their inputs)
+    sent_bytes: float = 0.0                 # what this rank sent in both, as rings: (n - 1) / n of each
     backward_started: bool = False
     _held: dict = field(default_factory=dict)  # group id -> unsharded bytes
 
     def to_json(self) -> dict:
         return {"all_gathers": self.all_gathers, "reduce_scatters": self.reduce_scatters,
-                "peak_unsharded_bytes": self.peak_unsharded_bytes,
+                "all_gather_bytes": self.all_gather_bytes, "reduce_scatter_bytes": self.reduce_scatter_bytes,
+                "sent_bytes": self.sent_bytes, "peak_unsharded_bytes": self.peak_unsharded_bytes,
                 "forward_peak_unsharded_bytes": self.forward_peak_unsharded_bytes}
 
 
@@ -66,13 +75,25 @@ def probe():
         stats.backward_started = True
         return saved["pre_backward"](self, *args, **kwargs)
 
-    def gather(*args, **kwargs):
-        stats.all_gathers += 1
-        return saved["gather"](*args, **kwargs)
+    def collective(nbytes: int, n: int) -> int:
+        stats.sent_bytes += (n - 1) / n * nbytes
+        return nbytes
 
-    def reduce(*args, **kwargs):
+    def gather(fsdp_params, group, *args, **kwargs):
+        result = saved["gather"](fsdp_params, group, *args, **kwargs)
+        stats.all_gathers += 1
+        if result is not None:  # an AllGatherResult: its first field is the gathered buffer
+            out = result[0]
+            stats.all_gather_bytes += collective(out.numel() * out.element_size(), group.size())
+        return result
+
+    def reduce(fsdp_params, unsharded_grads, group, *args, **kwargs):
+        result = saved["reduce"](fsdp_params, unsharded_grads, group, *args, **kwargs)
         stats.reduce_scatters += 1
-        return saved["reduce"](*args, **kwargs)
+        buffer = result[0]  # the reduce-scatter's input: every gradient of the group, padded
+        n = group.size() if group is not None else 1  # no group: replicated (HSDP's all-reduce only)
+        stats.reduce_scatter_bytes += collective(buffer.numel() * buffer.element_size(), n)
+        return result
 
     cls._to_unsharded, cls._to_sharded, cls.pre_backward, pg.foreach_all_gather, pg.foreach_reduce = \
         to_unsharded, to_sharded, pre_backward, gather, reduce

@@ -20,6 +20,9 @@ Introduced in chapter 12 ("A pipeline among the tools it is combined with");
   ``preserve_rng_state=False``.
 * :class:`BlockBytes` records, per block and microbatch, what each block's forward left
   allocated, while switched on.
+* :class:`SavedBytes` follows what each stage's forwards saved for their backward, live, across a
+  whole step (until autograd drops it), and records its high-water mark per stage and for all of
+  a rank's stages together: the pipeline's activation memory, measured.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import weakref
 from dataclasses import dataclass, field
 
 import torch
+from torch.utils._pytree import tree_leaves
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 MODES = ("none", "full", "selective")
@@ -77,17 +81,22 @@ def _selective_contexts():
 
 
 # [start-checkpoint]
-def checkpoint_block(block: torch.nn.Module, mode: str) -> torch.nn.Module:
+def checkpoint_block(block: torch.nn.Module, mode: str,
+                     saved: SavedBytes | None = None) -> torch.nn.Module:
     """Recompute ``block`` in its backward: ``full`` keeps only its
     input, ``selective`` what :func:`selective_policy` keeps; ``none``
-    leaves it alone. In place; parameter names do not change."""
+    leaves it alone. In place; parameter names do not change. With
+    ``saved``, what each region keeps outside autograd is reported to it."""
     if mode not in MODES:
         raise ValueError(f"checkpointing mode {mode!r}: use one of {MODES}")
     if mode == "none":
         return block
     # the class's forward and a weak reference: no reference cycle through the block
     forward, owner = type(block).forward, weakref.ref(block)
-    extra = {"context_fn": _selective_contexts} if mode == "selective" else {}
+    contexts = _selective_contexts if mode == "selective" else None
+    if saved is not None:
+        contexts = functools.partial(saved.region_contexts, contexts)
+    extra = {"context_fn": contexts} if contexts else {}
 
     def recomputed(*args, **kwargs):
         return checkpoint(forward, owner(), *args, use_reentrant=False,
@@ -185,3 +194,166 @@ class BlockBytes:
         call = self._calls.get(name, 0)
         self._calls[name] = call + 1
         self.bytes[(name, call)] = record[0]
+
+
+class _Packed:
+    """What autograd keeps for one saved tensor while :class:`SavedBytes` follows it: its lifetime
+    is the saved tensor's."""
+    __slots__ = ("tensor", "__weakref__")
+
+    def __init__(self, tensor: torch.Tensor):
+        self.tensor = tensor
+
+
+class _Delegate:
+    """A context manager that runs another's ``__enter__``/``__exit__`` (or none), and can be
+    referred to weakly: a checkpointed region's recomputation context lives as long as torch keeps
+    the region."""
+
+    def __init__(self, inner=None):
+        self.inner = inner if inner is not None else contextlib.nullcontext()
+
+    def __enter__(self):
+        return self.inner.__enter__()
+
+    def __exit__(self, *exc):
+        return self.inner.__exit__(*exc)
+
+
+class _RegionForward(_Delegate):
+    """A checkpointed region's forward context: once the region's forward has run, what the
+    region keeps outside autograd is added to ``saved`` for as long as ``keeper`` lives."""
+
+    def __init__(self, saved: SavedBytes, stage, inner, keeper: _Delegate):
+        super().__init__(inner)
+        self.saved, self.stage, self.keeper = saved, stage, keeper
+
+    def __exit__(self, *exc):
+        out = super().__exit__(*exc)
+        spans = [(("generator", id(self.keeper)), (0, RNG_STATE_BYTES))]  # the CPU generator's state
+        for entries in getattr(self.inner, "storage", {}).values():  # selective: the outputs it keeps
+            for entry in (entries.values() if isinstance(entries, dict) else entries):
+                for leaf in tree_leaves(entry):
+                    t = getattr(leaf, "val", None)
+                    if isinstance(t, torch.Tensor) and t.numel():
+                        spans.append((t.untyped_storage().data_ptr(), _span(t)))
+        for key, span in spans:
+            self.saved._add(self.stage, key, span)
+            weakref.finalize(self.keeper, self.saved._drop, self.stage, key, span)
+        return out
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """The bytes of its storage a tensor spans: (first, past the last)."""
+    es = t.element_size()
+    last = t.storage_offset() + sum((n - 1) * st for n, st in zip(t.shape, t.stride()) if n > 0)
+    return t.storage_offset() * es, (last + 1) * es
+
+
+def _union(spans) -> int:
+    """Bytes covered by a set of (start, end) spans of one storage."""
+    total, reach = 0, None
+    for start, end in sorted(spans):
+        if reach is None or start >= reach:
+            total += end - start
+            reach = end
+        elif end > reach:
+            total += end - reach
+            reach = end
+    return total
+
+
+class SavedBytes:
+    """The bytes each stage's forwards saved for their backward, live across a step, and their
+    high-water mark: per stage (``peak``) and for all of this rank's stages at once
+    (``peak_total``), while ``enabled``. Introduced in chapter 12.
+
+    :meth:`attach` enters ``saved_tensors_hooks`` around a stage module's forward: every tensor
+    autograd saves there is counted from then until autograd drops it (after its microbatch's
+    backward; under the split backward some only when the step ends), as the bytes of its storage
+    it spans, a storage shared by several saved tensors counted once; parameters and buffers are
+    not activations and are left out. Inside a checkpointed region autograd saves nothing; the
+    region keeps its inputs (which the hooks see), the CPU generator's state
+    (:data:`RNG_STATE_BYTES`, held by the checkpoint in Python) and, with selective
+    checkpointing, the outputs its policy keeps (in its cache): :func:`checkpoint_block` given
+    this object reports those two, counted as long as torch keeps the region.
+    """
+
+    def __init__(self):
+        self.enabled = False
+        self.live: dict = {}   # stage -> bytes saved now
+        self.peak: dict = {}   # stage -> the most bytes saved at once
+        self.total = self.peak_total = 0
+        self._spans: dict = {}  # (stage, storage) -> {(start, end): how many saved tensors span it}
+        self._skip: set = set()  # storages of parameters and buffers
+        self._current = None    # the stage whose forward runs
+
+    def reset(self) -> None:
+        """Start a new high-water mark from what is saved now."""
+        self.peak, self.peak_total = dict(self.live), self.total
+
+    def attach(self, module: torch.nn.Module, stage) -> None:
+        self._skip |= {t.untyped_storage().data_ptr() for t in (*module.parameters(), *module.buffers())}
+        open_ = []
+
+        def start(mod, args):
+            if self.enabled:
+                hooks = torch.autograd.graph.saved_tensors_hooks(functools.partial(self._pack, stage), _unpack)
+                hooks.__enter__()
+                open_.append(hooks)
+                self._current = stage
+
+        def stop(mod, args, output):
+            if open_:
+                open_.pop().__exit__(None, None, None)
+                self._current = None
+
+        module.register_forward_pre_hook(start)
+        module.register_forward_hook(stop, always_call=True)
+
+    def region_contexts(self, make_inner=None):
+        """A ``context_fn`` for :func:`torch.utils.checkpoint.checkpoint`: ``make_inner``'s
+        contexts (selective checkpointing's, or none), with what the region keeps reported."""
+        fwd, rec = make_inner() if make_inner else (None, None)
+        keeper = _Delegate(rec)  # held by the checkpoint's recomputation: as long as the region
+        if not self.enabled or self._current is None:
+            return _Delegate(fwd), keeper
+        return _RegionForward(self, self._current, fwd, keeper), keeper
+
+    def _pack(self, stage, t: torch.Tensor):
+        if not t.numel() or t.device.type == "meta":
+            return t
+        key = t.untyped_storage().data_ptr()
+        if key in self._skip:
+            return t
+        packed, span = _Packed(t), _span(t)
+        self._add(stage, key, span)
+        weakref.finalize(packed, self._drop, stage, key, span)
+        return packed
+
+    def _change(self, stage, key, change) -> None:
+        spans = self._spans.setdefault((stage, key), {})
+        before = _union(spans)
+        change(spans)
+        delta = _union(spans) - before
+        if not spans:
+            del self._spans[stage, key]
+        self.live[stage] = self.live.get(stage, 0) + delta
+        self.total += delta
+        if delta > 0:
+            self.peak[stage] = max(self.peak.get(stage, 0), self.live[stage])
+            self.peak_total = max(self.peak_total, self.total)
+
+    def _add(self, stage, key, span) -> None:
+        self._change(stage, key, lambda spans: spans.__setitem__(span, spans.get(span, 0) + 1))
+
+    def _drop(self, stage, key, span) -> None:
+        def remove(spans):
+            spans[span] -= 1
+            if not spans[span]:
+                del spans[span]
+        self._change(stage, key, remove)
+
+
+def _unpack(x):
+    return x.tensor if isinstance(x, _Packed) else x
