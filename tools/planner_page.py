@@ -22,7 +22,7 @@ def request(page, model: str | None = None, config: str | None = None, gpu: str 
     else:
         page.select_option("#ppx-model", model)
     if page.input_value("#ppx-gpu") != gpu:
-        page.select_option("#ppx-gpu", gpu)  # the link within a node follows the GPU
+        page.select_option("#ppx-gpu", gpu)  # both links follow the GPU (its node's and its usual network)
     for side, link in (("intra", intra), ("inter", inter)):
         if link is not None and page.input_value(f"#ppx-{side}") != link:
             page.select_option(f"#ppx-{side}", link)

@@ -69,7 +69,7 @@
   const gpuSelect = options(dropdown("ppx-gpu"), Object.keys(data.gpus), null, data.request.gpu);
   const linkNames = Object.keys(data.links);
   const intraSelect = options(dropdown("ppx-intra"), linkNames, null, data.gpus[data.request.gpu].nvlink);
-  const interSelect = options(dropdown("ppx-inter"), linkNames, null, data.inter_default);
+  const interSelect = options(dropdown("ppx-inter"), linkNames, null, data.gpus[data.request.gpu].network);
   const recipeSelect = options(dropdown("ppx-recipe"), data.choices.recipe, null, data.request_defaults.recipe);
   const kernelsSelect = options(dropdown("ppx-kernels"), data.choices.kernels, null, data.request_defaults.kernels);
 
@@ -499,7 +499,9 @@
   configBox.addEventListener("input", () => later(plan));
   gpuSelect.addEventListener("change", () => {
     fillGpu();
+    // both links follow the GPU, as the command line's defaults do: its node's link and its usual network
     intraSelect.value = data.gpus[gpuSelect.value].nvlink; fillLink("intra");
+    interSelect.value = data.gpus[gpuSelect.value].network; fillLink("inter");
     plan();
   });
   intraSelect.addEventListener("change", () => { fillLink("intra"); plan(); });

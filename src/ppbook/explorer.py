@@ -41,7 +41,6 @@ def planner_data() -> dict:
         "presets": {k: asdict(v) for k, v in shapes.PRESETS.items()},
         "gpus": {k: asdict(v) for k, v in hardware.GPUS.items()},
         "links": {k: asdict(v) for k, v in hardware.LINKS.items()},
-        "inter_default": hardware.INTER_DEFAULT,
         "request": DEFAULT_REQUEST,
         "request_defaults": search.request_defaults(),
         "slack": search.SLACK,
