@@ -74,18 +74,10 @@ class Request:
     stage_io: str = "torch"            # torch's runtime (PipelineStage buffers, its split backward's limits: see
     #                                    constraint_problem), or "freed" (Megatron-LM, DeepSpeed, Llama 3)
 
-    def __hash__(self) -> int:
-        # computed once: every cache of the search is keyed on the request, whose model, GPU and
-        # links hash field by field (hashing it anew on every look-up took a tenth of a search)
-        cached = self.__dict__.get("_hash")
-        if cached is None:
-            cached = hash(tuple(getattr(self, f.name) for f in fields(self)))
-            object.__setattr__(self, "_hash", cached)
-        return cached
-
-    def __getstate__(self) -> dict:
-        # a pickled copy hashes anew: another process salts the hashes of strings differently
-        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+    # every cache of the search is keyed on the request, whose model, GPU and links hash field by
+    # field: hashed once (hashing it anew on every look-up took a tenth of a search)
+    __hash__ = shapes.hashed_once
+    __getstate__ = shapes.state_without_hash
 
     @property
     def usable_bytes(self) -> float:

@@ -25,6 +25,22 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 
+def hashed_once(obj) -> int:
+    """``__hash__`` of a frozen dataclass that the planner's caches look up very often: its fields'
+    hash, computed on the first call and kept on the instance (ModelShape, search.Request)."""
+    cached = obj.__dict__.get("_hash")
+    if cached is None:
+        cached = hash(tuple(getattr(obj, f.name) for f in fields(obj)))
+        object.__setattr__(obj, "_hash", cached)
+    return cached
+
+
+def state_without_hash(obj) -> dict:
+    """``__getstate__`` to go with :func:`hashed_once`: a pickled copy hashes anew, as another
+    process salts the hashes of strings differently."""
+    return {k: v for k, v in obj.__dict__.items() if k != "_hash"}
+
+
 @dataclass(frozen=True)
 class ModelShape:
     name: str
@@ -59,17 +75,9 @@ class ModelShape:
     published_params: float = 0.0  # the count its authors give (0: none), for the tests and the output
     source: str = ""
 
-    def __hash__(self) -> int:
-        # computed once: the planner's caches look shapes up hundreds of thousands of times
-        cached = self.__dict__.get("_hash")
-        if cached is None:
-            cached = hash(tuple(getattr(self, f.name) for f in fields(self)))
-            object.__setattr__(self, "_hash", cached)
-        return cached
-
-    def __getstate__(self) -> dict:
-        # a pickled copy hashes anew: another process salts the hashes of strings differently
-        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+    # the planner's caches look shapes up hundreds of thousands of times: hashed once
+    __hash__ = hashed_once
+    __getstate__ = state_without_hash
 
     @property
     def hd(self) -> int:
