@@ -178,6 +178,15 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
         if args.backend not in list_backends(exclude_tags=()):
             raise ValueError(f"--backend {args.backend!r} is not a torch.compile backend; use aot_eager, inductor "
                              f"or one of {', '.join(list_backends())}")
+        for flag, mode, names in (("--stage", "stage", args.stage), ("--in-place", "in-place", args.in_place)):
+            if names is None:
+                continue
+            if mode not in args.compile_modes:
+                raise ValueError(f"{flag} picks the schedules of compile mode {mode}, which --compile-modes "
+                                 f"{' '.join(args.compile_modes)} does not run; add {mode} to --compile-modes")
+            if set(names) - set(args.schedules):
+                raise ValueError(f"{flag} {' '.join(names)} names schedules that --schedules "
+                                 f"{' '.join(args.schedules)} does not run; pick among those")
 
 
 # --- one model, one reference ------------------------------------------------------------------
@@ -402,9 +411,9 @@ def compile_run(name, mode, full, ref, tokens, targets, args, info) -> dict:
         graph_calls.calls.clear()
         run_step()  # one more step, counting the compiled graphs' runs (and checked below)
     calls = gather_to_rank0(graph_calls.calls)
-    diff = torch.tensor(grad_diff(mods, ref), dtype=torch.float64)
+    diff = torch.tensor(grad_diff(mods, ref), dtype=torch.float64, device=info.device)
     dist.all_reduce(diff, op=dist.ReduceOp.MAX)
-    graphs = torch.tensor(float(torch._dynamo.utils.counters["stats"]["unique_graphs"]))
+    graphs = torch.tensor(float(torch._dynamo.utils.counters["stats"]["unique_graphs"]), device=info.device)
     dist.all_reduce(graphs, op=dist.ReduceOp.MAX)
     if result is None:
         return {}
@@ -415,6 +424,7 @@ def compile_run(name, mode, full, ref, tokens, targets, args, info) -> dict:
     return {"schedule": name, "mode": mode, "refused": None, "max_grad_diff": diff.item(),
             "graphs": int(graphs.item()), "graph_calls": counted,
             "compiled_runs": sum(counted.values()),  # every rank's runs of compiled graphs in the counted step
+            "compiled_runs_per_rank": [sum(c.values()) for c in calls],  # every rank holds blocks: each must run some
             "microbatches_x_blocks": args.microbatches * args.layers, **result}
 
 
@@ -519,7 +529,7 @@ def recompute_run(name, spec, full, ref, tokens, targets, args, info) -> dict:
     saved.reset()
     run_step()
     probe.enabled = saved.enabled = False
-    diff = torch.tensor(grad_diff(mods, ref), dtype=torch.float64)
+    diff = torch.tensor(grad_diff(mods, ref), dtype=torch.float64, device=info.device)
     dist.all_reduce(diff, op=dist.ReduceOp.MAX)
     per_stage = {}
     for i, mod in zip(indices, mods):
@@ -566,9 +576,8 @@ def kept_model(name, stages: dict, shape, tokens: int, dtype_bytes: int, kernels
 
     held = simulate.peak_in_flight(simulate.torch_order(name, pp, m, v))
     residual = planner_memory.values_bytes(planner_memory.block_residual_values(shape), tokens, dtype_bytes)
-    split = name in SPLIT
-    ranks = [sum(count * per_mb(i) + (res * len(stages[i]["blocks"]) * residual if split else 0)
-                 for i, count, res in peak) for peak in planner_search._in_flight(name, pp, m, v)]
+    ranks = planner_search.rank_saved_bytes(name, pp, m, v, {i: per_mb(i) for i in stages},
+                                            {i: residual * len(stages[i]["blocks"]) for i in stages})
     return {"stage_model_bytes": {str(i): held[i] * per_mb(i) for i in sorted(stages)}, "rank_model_bytes": ranks}
 
 
@@ -676,7 +685,7 @@ def fsdp_run(name, reshard, full, ref, tokens, targets, mesh, args, info) -> dic
     result = timed(run_step, args, info, rec)
     with fsdp_probe.probe() as stats:  # one more step, counting all-gathers and gathered bytes
         run_step()
-    diff = torch.tensor(grad_diff(mods, ref), dtype=torch.float64)  # gathers every gradient whole
+    diff = torch.tensor(grad_diff(mods, ref), dtype=torch.float64, device=info.device)  # gathers every gradient whole
     dist.all_reduce(diff, op=dist.ReduceOp.MAX)
     block = next(iter(mods[0].layers.values()))
     row = {"rank": info.rank, "pp_rank": pp_rank, "dp_rank": dp_rank, "stages": indices, **stats.to_json(),
@@ -774,7 +783,7 @@ def tp_run(prepared, full, ref, tokens, targets, mesh, args, info) -> dict:
     rec.start_step()
     with clock:  # one more step, recording the collectives next to the actions
         run_step()
-    diff = torch.tensor(grad_diff(mods, ref), dtype=torch.float64)
+    diff = torch.tensor(grad_diff(mods, ref), dtype=torch.float64, device=info.device)
     dist.all_reduce(diff, op=dist.ReduceOp.MAX)
     rows = gather_to_rank0({"actions": timeline.to_json(rec.events), "collectives": clock.events,
                             "blocks": sum(len(mod.layers) for mod in mods)})
@@ -824,7 +833,7 @@ def naive_lengths(args, info) -> dict:
         mb_losses = step(schedule, indices, num_stages, tokens, targets)
         losses.append(workload.mean_loss(mb_losses) if mb_losses else None)
         ref = reference(full, tokens, targets, args.microbatches)
-        diff = torch.tensor(grad_diff(mods, ref), dtype=torch.float64)
+        diff = torch.tensor(grad_diff(mods, ref), dtype=torch.float64, device=info.device)
         dist.all_reduce(diff, op=dist.ReduceOp.MAX)
         with torch.no_grad():
             ref_loss = torch.stack([workload.loss_fn(ref(t), y) for t, y in zip(
@@ -959,9 +968,9 @@ def strategy_run(strategy, full, rows, lengths, args, info) -> dict:
         ref = reference(wrap(full), tokens, targets, args.microbatches, training.microbatch_mean_loss, **extra)
         diff = grad_diff(mods, ref.mod if strategy == "pack" else ref)
         steps.append([seconds, diff, T, int((targets != data.IGNORE_INDEX).sum()), targets.numel(), new])
-    agg = torch.tensor([[s_[0], s_[1]] for s_ in steps], dtype=torch.float64)
+    agg = torch.tensor([[s_[0], s_[1]] for s_ in steps], dtype=torch.float64, device=info.device)  # NCCL: a GPU tensor
     dist.all_reduce(agg, op=dist.ReduceOp.MAX)  # the slowest rank's step, the worst difference
-    built_here = torch.tensor([s_[5] for s_ in steps])  # the steps that built a stage and schedule
+    built_here = torch.tensor([s_[5] for s_ in steps], device=info.device)  # the steps that built a stage and schedule
     return {"strategy": strategy, "steps": len(steps), "schedules_built": built,
             "lengths": sorted({s_[2] for s_ in steps}), "seconds": agg[:, 0].sum().item(),
             "building_step_seconds": agg[built_here, 0].mean().item(),
@@ -1025,8 +1034,9 @@ def report(args, result) -> bool:
                 print(f"{r['schedule']:>21} {r['mode']:<8} refused: {r['refused'][:90]}")
                 continue
             # a compiled mode must have run compiled graphs (not fallen back to eager), eager none
-            compiled_ok = (r["compiled_runs"] > 0) == (r["mode"] != "eager")
-            ran_compiled += r["mode"] != "eager" and r["compiled_runs"] > 0
+            per_rank = r.get("compiled_runs_per_rank", [r["compiled_runs"]])
+            compiled_ok = min(per_rank) > 0 if r["mode"] != "eager" else max(per_rank) == 0
+            ran_compiled += r["mode"] != "eager" and compiled_ok
             good = r["max_grad_diff"] <= tol and compiled_ok
             ok &= good
             print(f"{r['schedule']:>21} {r['mode']:<8} step {1e3 * r['step_seconds']:7.1f} ms  graphs {r['graphs']}  "
