@@ -467,7 +467,7 @@ def test_torchs_unshard_window_frees_stages_beyond_three_and_gathers_them_again(
         t = search._tables(req, layout.num_stages, "even", 1, "full", 1)
         stages = search._owned(layout, 0)
         shares = sorted((search._fsdp_share(t, s, 1) for s in stages), reverse=True)
-        state = search._rank_state(layout, req, t, stages)[2]
+        state = search._rank_state(layout, req, stages)[2]
         r = memory.RECIPES[req.recipe]
         gathered = (state.parameters - sum(shares) * r.master_bytes / 8) / r.weight_bytes
         assert gathered == pytest.approx(sum(shares[:3] if window else shares))
@@ -626,12 +626,14 @@ def test_a_named_layout_is_compared_with_the_winner_term_by_term():
     req = CASES["8b"]
     ranked, _ = search.plan(req)
     slow = search.Layout(1, 4, 2, "1F1B", 1, 1, 64, "zero1", "full")
-    for layout in (ranked[0].layout, slow, search.Layout(1, 1, 8, "none", 1, 2, 8, "fsdp", "selective")):
+    critical_1 = search.Layout(1, 2, 4, "InterleavedZeroBubble", 2, 1, 32, "none", "full")  # its rank 1 ends last
+    for layout in (ranked[0].layout, slow, search.Layout(1, 1, 8, "none", 1, 2, 8, "fsdp", "selective"), critical_1):
         pred = search.predict(layout, req, check_memory=False)
         terms = plan.step_terms(pred, req)
         assert sum(terms.values()) == pytest.approx(pred.step_s, rel=1e-9), layout.label()
         assert (terms["recomputation"] > 0) == (layout.recompute != "none"), layout.label()
-        assert (terms["bubble and hand-offs"] > 0.01 * pred.step_s) == (layout.p > 1), layout.label()
+        bubble = terms["bubble and hand-offs"]  # a zero-bubble schedule's is small, not nothing
+        assert (bubble > 0) if layout.p > 1 else (bubble <= 0.01 * pred.step_s), layout.label()
         assert min(terms.values()) >= 0
     mine, theirs = (plan.step_terms(search.predict(x, req, check_memory=False), req) for x in (slow, ranked[0].layout))
     worst = max(plan.TERMS, key=lambda k: mine[k] - theirs[k])

@@ -313,8 +313,8 @@ def stage_activation_bytes(shape: ModelShape, layers: list[int], tokens: int, fi
     ``layers`` (indices into the model, so MoE and dense layers count as they are), on the first
     stage the token ids the embedding keeps (int64), on the last the final norm (outside every
     block, so kept whatever the recomputation: the book's unfused norm keeps its input, ``x * rsqrt``,
-    its output and ``rsqrt``; a fused one its input and ``rsqrt``). Logits are not here:
-    :func:`logits_bytes`."""
+    its output and ``rsqrt``; a fused one its input and ``rsqrt``, and the output head keeps the
+    norm's output, its own input). Logits are not here: :func:`logits_bytes`."""
     moe = sum(1 for i in layers if shape.moe and i >= shape.dense_layers)
     total = (len(layers) - moe) * layer_activation_bytes(shape, tokens, dtype_bytes, kernels, recompute, False, seq_len)
     if moe:
@@ -322,7 +322,7 @@ def stage_activation_bytes(shape: ModelShape, layers: list[int], tokens: int, fi
     if first:
         total += tokens * 8
     if last:
-        norm = (3 * shape.hidden + 1, 0) if kernels == "book" else (shape.hidden, 1 if shape.norm == "rms" else 2)
+        norm = (3 * shape.hidden + 1, 0) if kernels == "book" else (2 * shape.hidden, 1 if shape.norm == "rms" else 2)
         total += values_bytes(norm, tokens, dtype_bytes)
     return total
 

@@ -626,7 +626,8 @@
     if (moe) total += moe * layerActivationBytes(s, tokens, dt, kernels, recompute, true, seqLen);
     if (first) total += tokens * 8;
     if (last) {
-      var norm = kernels === "book" ? [3 * s.hidden + 1, 0] : [s.hidden, s.norm === "rms" ? 1 : 2];
+      // fused: the norm's input and rstd, and its output, which the head keeps as its input
+      var norm = kernels === "book" ? [3 * s.hidden + 1, 0] : [2 * s.hidden, s.norm === "rms" ? 1 : 2];
       total += valuesBytes(norm, tokens, dt);
     }
     return total;

@@ -572,6 +572,17 @@ def _tables(req: Request, num_stages: int, balance: str, b: int, recompute: str,
                    tuple(len(x) for x in layers), experts)
 
 
+def rank_saved_bytes(schedule: str, p: int, m: int, v: int, per_mb, residual) -> list[float]:
+    """Per pipeline rank, what its stages keep for their backward at the rank's peak under
+    ``schedule``'s order at ``m`` microbatches: each stage's microbatches in flight times its bytes
+    per microbatch (``per_mb[s]``), plus, under the schedules that split the backward, what each
+    microbatch past its weight pass leaves behind until the step ends (``residual[s]``: torch's
+    input-gradient pass ran with ``retain_graph=True``). Chapter 12 measures it on torch's stages."""
+    split = schedule in schedules.SPLIT_BACKWARD
+    return [sum(count * per_mb[s] + (res * residual[s] if split else 0.0) for s, count, res in peak)
+            for peak in _in_flight(schedule, p, m, v)]
+
+
 @functools.lru_cache(maxsize=16384)
 def _rank_activations(req: Request, schedule: str, p: int, m: int, v: int, b: int, balance: str, recompute: str,
                       tp: int) -> tuple[tuple[float, float], ...]:
@@ -587,33 +598,28 @@ def _rank_activations(req: Request, schedule: str, p: int, m: int, v: int, b: in
     split = schedule in schedules.SPLIT_BACKWARD
     logits = memory.logits_bytes(shape, tokens, dt) / tp
     loss_backward = memory.loss_backward_bytes(shape, tokens) / tp
-    transient = memory.recompute_transient_bytes(shape, tokens, dt, req.kernels, recompute, req.seq_len) / tp
+    transient = _transient(req, b, recompute, tp)
     probe = Layout(tp, p, 1, schedule, v, b, m, "none", recompute, balance)
     ms = _simulated_ms(probe)
     peaks = [_in_flight(schedule, p, mm, v) for mm in ms]
+    kept = [rank_saved_bytes(schedule, p, mm, v, t.per_mb, t.residual) for mm in ms]
     out = []
     for rank in range(p):
-        acts_points, logit_points = [], []
-        for mm, peak in zip(ms, peaks):
-            acts = last = 0.0
-            for s, count, res in peak[rank]:
-                acts += count * t.per_mb[s] + (res * t.residual[s] if split else 0.0)
-                if s == num_stages - 1:
-                    last += count
-            acts_points.append((mm, acts))
-            logit_points.append((mm, last * logits))
+        acts_points = [(mm, at_m[rank]) for mm, at_m in zip(ms, kept)]
+        logit_points = [(mm, logits * sum(count for s, count, _ in peak[rank] if s == num_stages - 1))
+                        for mm, peak in zip(ms, peaks)]
         holds_last = any(s == num_stages - 1 for s, _, _ in peaks[0][rank])
         out.append((_extrapolate(acts_points, m) + transient,
                     _extrapolate(logit_points, m) + (loss_backward if holds_last else 0.0)))
     return tuple(out)
 
 
-def _rank_state(layout: Layout, req: Request, t: _Tables, stages: list[int]) -> tuple[float, float, memory.State]:
+def _rank_state(layout: Layout, req: Request, stages: list[int]) -> tuple[float, float, memory.State]:
     """(parameters outside the routed experts, routed-expert parameters, training state) of one
     GPU holding ``stages``. Expert parallelism keeps ``1/ep`` of each MoE layer's routed experts
     on a GPU, and their state is sharded over the ``dp / ep`` replicas that hold the same experts;
-    the rest is sharded over all ``dp``. (``t``'s parameters do not depend on the microbatch or
-    the recomputation, so the result is cached without them.)"""
+    the rest is sharded over all ``dp``. (Parameters do not depend on the microbatch or the
+    recomputation, so the result is cached without them.)"""
     return _rank_state_cached(req, layout.num_stages, layout.balance, layout.tp, tuple(stages), layout.sharding,
                               layout.dp, layout.ep, layout.p)
 
@@ -684,7 +690,7 @@ def memory_floor(layout: Layout, req: Request) -> float:
     before its first backward: tests/test_plan.py checks it), plus one layer's recomputation."""
     t = _tables(req, layout.num_stages, layout.balance, layout.b, layout.recompute, layout.tp)
     stages = _owned(layout, 0)
-    _, _, state = _rank_state(layout, req, t, stages)
+    _, _, state = _rank_state(layout, req, stages)
     return state.total + min(layout.m, layout.p) * min(t.per_mb[s] for s in stages) + \
         _transient(req, layout.b, layout.recompute, layout.tp)
 
@@ -706,7 +712,7 @@ def rank_memory(layout: Layout, req: Request, layers: list[list[int]] | None = N
     out = []
     for rank in range(layout.p):
         stages = _owned(layout, rank)
-        _, _, state = _rank_state(layout, req, t, stages)
+        _, _, state = _rank_state(layout, req, stages)
         acts, logits = held[rank]
         buffers = sum(memory.stage_buffer_bytes(boundary, layout.m, s == 0, s == n - 1, req.stage_io) for s in stages)
         out.append(RankMemory(rank, stages, state.parameters, state.gradients, state.optimizer, acts, logits, buffers))
@@ -801,7 +807,7 @@ def predict(layout: Layout, req: Request, check_memory: bool = True, mem: list[R
     t = _tables(req, layout.num_stages, layout.balance, layout.b, layout.recompute, layout.tp)
     for r in range(layout.p):
         stages = _owned(layout, r)
-        params, experts, _ = _rank_state(layout, req, t, stages)
+        params, experts, _ = _rank_state(layout, req, stages)
         # the rank's last backward passes (one per stage it holds) and its first forward
         last_backward = sum(stage_cost[(s, "B")] for s in stages)
         first_forward = stage_cost[(stages[0], "F")]
