@@ -111,8 +111,10 @@ def validate(args: argparse.Namespace, num_stages: int) -> None:
             d = json.loads(path.read_text())
             fits_batch("--hf-model", args.hf_model, d["vocab_size"], d["max_position_embeddings"],
                        d["num_hidden_layers"], args, num_stages)
-            if d.get("tie_word_embeddings") and num_stages > 1 and "hf" in args.experiments:
-                raise ValueError(f"--hf-model {args.hf_model} ties its output head to its embedding, which 'hf' "
+            split_here = sorted({"hf", "hf-direct"} & set(args.experiments))  # the experiments that split it
+            if d.get("tie_word_embeddings") and num_stages > 1 and split_here:
+                raise ValueError(f"--hf-model {args.hf_model} ties its output head to its embedding, which "
+                                 f"{' and '.join(map(repr, split_here))} "
                                  f"would split into two copies: launch it on one process, or use a folder with "
                                  f"--from-hf of 07_checkpointing.py, which adds the copies' gradients")
 

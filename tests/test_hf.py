@@ -404,8 +404,10 @@ def test_a_model_that_is_neither_a_folder_nor_a_downloaded_hub_name_is_refused_i
 
 
 def test_a_tied_model_split_by_hf_is_refused_in_one_line(tied_folder):
-    args = ["--experiments", "hf", "--hf-model", tied_folder, "--vocab", CFG.vocab_size, "--seq-len", CFG.max_seq_len]
-    assert_one_line_error("04_splitting.py", args, "ties its output head to its embedding")
+    for experiment in ("hf", "hf-direct"):  # both split it into stages
+        args = ["--experiments", experiment, "--hf-model", tied_folder, "--vocab", CFG.vocab_size,
+                "--seq-len", CFG.max_seq_len]
+        assert_one_line_error("04_splitting.py", args, "ties its output head to its embedding")
 
 
 def test_a_folder_the_books_llama_cannot_load_is_refused_in_one_line(tmp_path):
