@@ -87,7 +87,10 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
     if args.csv:
         if not Path(args.csv).is_file():
             raise ValueError(f"--csv {args.csv}: no such file")
-        order = custom_schedules.from_csv(Path(args.csv).read_text())
+        try:
+            order = custom_schedules.from_csv(Path(args.csv).read_text())
+        except ValueError as err:
+            raise ValueError(f"--csv {args.csv}: {err}") from None
         problem = custom_schedules.order_problem(order, world_size, m, args.layers)
         if problem:
             raise ValueError(f"--csv {args.csv}: {problem}")
@@ -229,7 +232,10 @@ def custom_order(name: str, args, p: int) -> Order:
     if name in CUSTOM:
         order = CUSTOM[name](p, args.microbatches)
     else:
-        order = custom_schedules.from_csv(Path(args.csv).read_text())
+        try:
+            order = custom_schedules.from_csv(Path(args.csv).read_text())
+        except ValueError as err:
+            raise ValueError(f"--csv {args.csv}: {err}") from None
     if args.mistake == "repeated-backward":
         acts = order[0]
         i = acts.index(Action(0, "I", 1))

@@ -260,3 +260,10 @@ def test_a_bad_csv_is_refused_before_any_process_group(tmp_path):
     order[0] = order[0] + [Action(0, "B", 3)]
     path.write_text(custom_schedules.to_csv(order))
     assert_one_line_error("14_own_schedule.py", ["--csv", path, "--microbatches", "4"], "runs 0B3 twice")
+
+
+@pytest.mark.parametrize("cell", ["12", "F1", "0X1", "0F"])
+def test_a_csv_cell_that_is_not_an_action_is_named(cell):
+    text = custom_schedules.to_csv(simulate.order("1F1B", 2, 2)).replace("0F0", cell, 1)
+    with pytest.raises(ValueError, match=f"cell '{cell}' is not an action"):
+        custom_schedules.from_csv(text)

@@ -20,6 +20,8 @@ input has arrived turns any order into a timeline, whatever the real costs.
 
 from __future__ import annotations
 
+import re
+
 from ppbook.planner.schedules import Action, Order
 
 Slots = dict[Action, tuple[int, int]]  # action -> (rank, time slot)
@@ -309,14 +311,21 @@ def to_csv(order: Order) -> str:
     return "".join(",".join(map(str, order[r])) + "\n" for r in sorted(order))
 
 
+ACTION_CELL = re.compile(r"(\d+)([FBIW])(\d+)")  # stage, kind, microbatch: torch's notation, e.g. 1F3
+
+
 def from_csv(text: str) -> Order:
-    """The order a compute-only CSV describes (the inverse of :func:`to_csv`)."""
+    """The order a compute-only CSV describes (the inverse of :func:`to_csv`); a ``ValueError``
+    naming the line and the cell that is not an action in torch's notation."""
     order: Order = {}
     for r, line in enumerate(text.strip().splitlines()):
         order[r] = []
         for cell in filter(None, (c.strip() for c in line.split(","))):
-            digits = len(cell) - len(cell.lstrip("0123456789"))
-            order[r].append(Action(int(cell[:digits]), cell[digits], int(cell[digits + 1:])))
+            m = ACTION_CELL.fullmatch(cell)
+            if m is None:
+                raise ValueError(f"line {r + 1} (rank {r}), cell {cell!r} is not an action: write stage, kind "
+                                 f"(F, B, I or W) and microbatch, as 1F3")
+            order[r].append(Action(int(m.group(1)), m.group(2), int(m.group(3))))
     return order
 
 
