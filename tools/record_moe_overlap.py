@@ -63,26 +63,30 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.launches < 2:
         p.error(f"--launches must be at least 2 (half of them under load), got {args.launches}")
+    if args.out.is_dir() or not args.out.parent.is_dir():
+        p.error(f"--out {args.out} must be a file in an existing folder")
     import torch
 
     launches, load = [], None
-    for i in range(args.launches):
-        loaded = i >= args.launches // 2
-        if loaded and load is None:
-            load = subprocess.Popen([sys.executable, str(ROOT / "tools" / "load_cores.py"), "--seconds", "1200"])
-        data = launch.torchrun("13_moe.py", ARGS, nproc=4, timeout=600, fork=False).data
-        if not data["ok"]:
-            raise SystemExit(f"launch {i}: the pipeline does not equal one process; nothing recorded")
-        one = {"loaded": loaded, "load_average": [round(x, 2) for x in os.getloadavg()], "data": compact(data)}
-        launches.append(one)
-        a = overlap.assess(one["data"])
-        print(f"launch {i}{' (loaded)' if loaded else ''}: load {one['load_average'][0]}, "
-              f"prediction {a['error_pct']['DualPipeV-overlap']:+.1f}%, replays "
-              f"{a['error_pct']['1F1B']:+.1f}% and {a['error_pct']['DualPipeV']:+.1f}%, "
-              f"overlap {100 * a['gain_vs_dualpipev']:+.1f}% shorter than DualPipeV", flush=True)
-    if load is not None:
-        load.terminate()
-        load.wait()
+    try:
+        for i in range(args.launches):
+            loaded = i >= args.launches // 2
+            if loaded and (load is None or load.poll() is not None):  # (again, if it ended by itself)
+                load = subprocess.Popen([sys.executable, str(ROOT / "tools" / "load_cores.py"), "--seconds", "1200"])
+            data = launch.torchrun("13_moe.py", ARGS, nproc=4, timeout=600, fork=False).data
+            if not data["ok"]:
+                raise SystemExit(f"launch {i}: the pipeline does not equal one process; nothing recorded")
+            one = {"loaded": loaded, "load_average": [round(x, 2) for x in os.getloadavg()], "data": compact(data)}
+            launches.append(one)
+            a = overlap.assess(one["data"])
+            print(f"launch {i}{' (loaded)' if loaded else ''}: load {one['load_average'][0]}, "
+                  f"prediction {a['error_pct']['DualPipeV-overlap']:+.1f}%, replays "
+                  f"{a['error_pct']['1F1B']:+.1f}% and {a['error_pct']['DualPipeV']:+.1f}%, "
+                  f"overlap {100 * a['gain_vs_dualpipev']:+.1f}% shorter than DualPipeV", flush=True)
+    finally:  # a failed launch must not leave the load running
+        if load is not None:
+            load.terminate()
+            load.wait()
     meta = {"command": "torchrun --standalone --nproc-per-node 4 scripts/13_moe.py " + " ".join(ARGS),
             "recorded_by": f"python tools/record_moe_overlap.py --launches {args.launches}",
             "date": datetime.date.today().isoformat(), "torch": torch.__version__,

@@ -73,6 +73,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.runs < 2:
         p.error(f"--runs must be at least 2 (one idle, one loaded), got {args.runs}")
+    if args.out.is_dir():
+        p.error(f"--out {args.out} must be a file, not a folder")
     import torch
 
     from ppbook import custom_schedules, simulate
