@@ -11,6 +11,8 @@ Each collective's bytes are read from the buffers FSDP hands to it: an all-gathe
 group's parameters unsharded, padded so that each rank's shard has the same size) and a
 reduce-scatter's input (the unsharded gradients, padded the same way), with the size of the group.
 In a ring, each of ``n`` ranks sends ``(n - 1) / n`` of that (:attr:`FsdpStats.sent_bytes`).
+Plain FSDP only: under HSDP (a 2-D mesh) or ``replicate``, FSDP also all-reduces the reduced
+gradients over the replicas, which the probe does not count.
 
 It wraps three methods of FSDP2's private ``FSDPParamGroup`` and the module's all-gather and
 reduce-scatter functions for the duration of a ``with`` block (torch 2.13): a measurement, not
@@ -31,7 +33,7 @@ class FsdpStats:
     forward_peak_unsharded_bytes: int = 0   # the same, before the step's first backward
     all_gather_bytes: int = 0               # what the all-gathers gathered, summed (their outputs)
     reduce_scatter_bytes: int = 0           # what the reduce-scatters reduced, summed (their inputs)
-    sent_bytes: float = 0.0                 # what this rank sent in both, as rings: (n - 1) / n of each
+    sent_bytes: float = 0.0                 # what this rank sent in both, as rings: (n - 1) / n of each (not HSDP's all-reduce)
     backward_started: bool = False
     _held: dict = field(default_factory=dict)  # group id -> unsharded bytes
 
