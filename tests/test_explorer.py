@@ -301,7 +301,7 @@ def test_the_page_data_starts_from_a_request_that_plans():
     d = explorer.DEFAULT_REQUEST
     gpu = H.GPUS[d["gpu"]]
     req = search.Request(shapes.PRESETS[d["model"]], gpu, d["gpus"], d["gpus_per_node"], d["global_batch"],
-                         d["seq_len"], H.LINKS[gpu.nvlink], H.LINKS[H.INTER_DEFAULT])
+                         d["seq_len"], H.LINKS[gpu.nvlink], H.LINKS[gpu.network])
     assert search.plan(req)[0]
 
 
