@@ -117,6 +117,8 @@ def test_stage_costs_add_the_head_tensor_parallel_collectives_and_recomputation(
     assert full[(0, "I")] == pytest.approx(8 * (layer.I + layer.F))
     sel, _ = search._stage_costs(replace(layout, recompute="selective"), req, search.layers_of(layout, req))
     assert c[(0, "I")] < sel[(0, "I")] < full[(0, "I")]
+    # selective redoes the share of a forward chapter 12 compares with its recorded cost
+    assert sel[(0, "I")] - c[(0, "I")] == pytest.approx(8 * layer.F * search.selective_share(shape, False))
     tp, _ = search._stage_costs(replace(layout, tp=2), req, search.layers_of(layout, req))
     assert tp[(0, "F")] > 8 * layer.F / 2  # half the compute plus the collectives
 
@@ -666,3 +668,19 @@ def test_requests_and_shapes_hash_once_and_by_value():
         hash(obj)
         copy = pickle.loads(pickle.dumps(obj))
         assert copy == obj and "_hash" not in copy.__dict__ and hash(copy) == hash(obj)
+
+
+def test_the_header_says_which_ranked_layouts_are_estimated():
+    """A time is measured only where the book measured the block and the head at the layout's
+    microbatch size: the header says so for the layouts ranked, not for one sequence alone."""
+    from types import SimpleNamespace
+    req = CASES["70b"]
+    said = lambda *est: plan.header(req, [SimpleNamespace(estimated=e) for e in est])[-1]  # noqa: E731
+    assert said(False, False).startswith("action times: measured on an H100")
+    mixed = said(True, False, False)
+    assert "for 1 of the 3 ranked layouts (the winner among them) estimated" in mixed
+    assert "(not the winner)" in said(False, True)
+    assert said(True, True).startswith("action times: estimated")
+    mistral = request("mistral-7b")  # Llama 3 8B's block, another vocabulary: its head was never measured
+    assert plan.header(mistral)[-1].startswith("action times: estimated")
+    assert plan.header(CASES["8b"])[-1].startswith("action times: measured")

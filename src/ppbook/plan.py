@@ -265,20 +265,36 @@ def parse_layout(text: str, req: search.Request) -> search.Layout:
 
 # --- what it prints ------------------------------------------------------------------------------------------
 
-def header(req: search.Request) -> list[str]:
+def header(req: search.Request, ranked: list[search.Prediction] | None = None) -> list[str]:
+    """What was asked, and where the action times come from: for the ``ranked`` layouts where
+    given (a time is measured only for a block and head the book measured at that microbatch
+    size), otherwise for one sequence per microbatch."""
     m = req.model
     params = shapes.total_parameters(m)
     active = shapes.active_parameters(m)
-    measured = req.measured_costs and req.gpu.name == MEASURED_GPU and \
-        search.costs.layer_costs(m, req.gpu, 1, req.seq_len, False).measured
+    if ranked:
+        estimated = sum(o.estimated for o in ranked)
+    else:
+        estimated = int(not (req.measured_costs and req.gpu.name == MEASURED_GPU and
+                             search.costs.layer_costs(m, req.gpu, 1, req.seq_len, False).measured and
+                             search.costs.head_costs(m, req.gpu, 1, req.seq_len).measured))
+    estimate = ("estimated from FLOPs at the efficiency the book measured on an H100 (ppbook.planner.costs), "
+                "scaled to this GPU's peak: " + efficiencies(req))
+    if not estimated:
+        times = "measured on an H100 (data/gpu/h100_llama3_costs.json)"
+    elif ranked and estimated < len(ranked):
+        winner = "the winner among them" if ranked[0].estimated else "not the winner"
+        times = (f"measured on an H100 (data/gpu/h100_llama3_costs.json) where the book measured the block and "
+                 f"head at the layout's microbatch size; for {estimated} of the {len(ranked)} ranked layouts "
+                 f"({winner}) " + estimate)
+    else:
+        times = estimate
     lines = [f"model {m.name}: {params / 1e9:.2f}B parameters" + (f" ({active / 1e9:.1f}B active)" if m.moe else "")
              + f", {m.layers} layers, hidden {m.hidden}",
              f"{req.gpus} x {req.gpu.name} ({req.gpu.memory_gb:g} GB, {req.gpu.bf16_tflops:g} TFLOP/s bf16), "
              f"{req.gpus_per_node} per node; links {req.intra.name} / {req.inter.name}",
              f"batch {req.global_batch} x {req.seq_len} tokens; usable memory {req.usable_bytes / GB:.1f} GB per GPU",
-             "action times: " + ("measured on an H100 (data/gpu/h100_llama3_costs.json)" if measured else
-                                 "estimated from FLOPs at the efficiency the book measured on an H100 "
-                                 "(ppbook.planner.costs), scaled to this GPU's peak: " + efficiencies(req))]
+             "action times: " + times]
     return lines
 
 
@@ -542,7 +558,7 @@ def main(argv=None) -> int:
         print(f"ppbook.plan: error: {e}", file=sys.stderr)
         return 2
     ranked, dropped = search.plan(req)
-    print("\n".join(header(req)))
+    print("\n".join(header(req, ranked)))
     print("\n".join(table(ranked, args.top)))
     print(f"{len(ranked)} layouts ranked, {len(dropped)} dropped (--why says why); the others cannot come within "
           "5% of the winner (their busiest GPU's computation alone takes longer)")

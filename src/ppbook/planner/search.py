@@ -108,10 +108,9 @@ class Layout:
 
     @property
     def num_stages(self) -> int:
-        kind = "single" if self.schedule == NO_PIPELINE else schedules.PLACEMENT.get(self.schedule)
-        if kind is None:
-            schedules.placement(self.schedule)  # raises: an unknown schedule
-        return self.p * {"single": 1, "loop": self.v, "v": 2}[kind]
+        if self.schedule == NO_PIPELINE:
+            return self.p
+        return self.p * schedules.stages_per_rank(self.schedule, self.v)  # raises on an unknown schedule
 
 
 MEMORY_KINDS = ("parameters", "gradients", "optimizer", "activations", "logits", "buffers")
@@ -388,7 +387,7 @@ def _extrapolate(points: list[tuple[int, float]], m: int, least_slope: float | N
 
 
 @functools.lru_cache(maxsize=4096)
-def _in_flight(name: str, p: int, m: int, v: int) -> tuple[tuple[int, ...], ...]:
+def in_flight(name: str, p: int, m: int, v: int) -> tuple[tuple[int, ...], ...]:
     """Per rank, per stage it holds: the most microbatches held at once, and (split backward) the
     microbatches whose residual stays until the step ends; as a tuple per rank of
     (stage, peak held, held at the peak that are residuals only)."""
@@ -469,8 +468,8 @@ def _stage_costs_cached(req: Request, tp: int, num_stages: int, balance: str, b:
                                                                   tp), ep, tp) if shape.moe and ep > 1 else 0.0
     out = {}
     n = len(layers)
-    redo = {False: {"none": 0.0, "full": dense.F, "selective": dense.F * _selective_share(shape, False)},
-            True: {"none": 0.0, "full": moe.F, "selective": moe.F * _selective_share(shape, True)}}
+    redo = {False: {"none": 0.0, "full": dense.F, "selective": dense.F * selective_share(shape, False)},
+            True: {"none": 0.0, "full": moe.F, "selective": moe.F * selective_share(shape, True)}}
 
     def with_a2a(compute: float, is_moe: bool) -> float:
         # DualPipeV's overlap: the all-to-all runs while the paired microbatch computes; only what outlasts it shows
@@ -502,7 +501,7 @@ def _stage_costs_cached(req: Request, tp: int, num_stages: int, balance: str, b:
 
 
 @functools.lru_cache(maxsize=256)
-def _selective_share(shape: ModelShape, moe: bool) -> float:
+def selective_share(shape: ModelShape, moe: bool) -> float:
     """The share of a layer's forward FLOPs that selective recomputation runs again: the matrix
     products it does not keep (for a Llama block the key, output and up projections)."""
     q, k, v, out = memory.attention_widths(shape)
@@ -580,7 +579,7 @@ def rank_saved_bytes(schedule: str, p: int, m: int, v: int, per_mb, residual) ->
     input-gradient pass ran with ``retain_graph=True``). Chapter 12 measures it on torch's stages."""
     split = schedule in schedules.SPLIT_BACKWARD
     return [sum(count * per_mb[s] + (res * residual[s] if split else 0.0) for s, count, res in peak)
-            for peak in _in_flight(schedule, p, m, v)]
+            for peak in in_flight(schedule, p, m, v)]
 
 
 @functools.lru_cache(maxsize=16384)
@@ -601,7 +600,7 @@ def _rank_activations(req: Request, schedule: str, p: int, m: int, v: int, b: in
     transient = _transient(req, b, recompute, tp)
     probe = Layout(tp, p, 1, schedule, v, b, m, "none", recompute, balance)
     ms = _simulated_ms(probe)
-    peaks = [_in_flight(schedule, p, mm, v) for mm in ms]
+    peaks = [in_flight(schedule, p, mm, v) for mm in ms]
     kept = [rank_saved_bytes(schedule, p, mm, v, t.per_mb, t.residual) for mm in ms]
     out = []
     for rank in range(p):
@@ -724,9 +723,13 @@ def _dp_exposed(layout: Layout, req: Request, params: float, busy: float, last_b
     """(seconds of data-parallel traffic per step for this rank, seconds of it not hidden).
 
     The model of overlap, as the frameworks overlap:
-    - replicated, ZeRO-1 and ZeRO-2: the gradients are reduced while the last microbatch's
-      backward runs (DDP's and Megatron-LM's buckets), so only what outlasts that backward shows;
-      ZeRO's all-gather of the updated weights overlaps the next step's first forward;
+    - replicated and ZeRO-1 (and ZeRO-2 with one microbatch): the gradients are reduced while the
+      last microbatch's backward runs (DDP's and Megatron-LM's buckets), so only what outlasts
+      that backward shows; ZeRO's all-gather of the updated weights overlaps the next step's
+      first forward;
+    - ZeRO-2 with several microbatches keeps only its shard of the gradients, so it
+      reduce-scatters every microbatch's, overlapped with the backwards (about two thirds of the
+      computation);
     - FSDP without a pipeline: each block's all-gathers and reduce-scatter overlap the
       neighbouring blocks' computation (prefetching), so traffic shows only where it outlasts the
       computation of the whole step;
