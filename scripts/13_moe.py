@@ -35,6 +35,7 @@ from torch.distributed.pipelining.schedules import OVERLAP_F_B, _wait_batch_p2p
 from tqdm import tqdm
 
 from ppbook import cli, driver, measure, moe, precision, timeline
+from ppbook.workload import loss_fn, make_batch
 from ppbook.dist import gather_to_rank0, schedule_backend_problem
 from ppbook.models import LlamaConfig
 from ppbook.stages import schedule_problem, stage_indices, stage_module
@@ -80,15 +81,12 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
     if args.pp * args.ep != world_size:
         raise ValueError(f"--pp {args.pp} x --ep {args.ep} = {args.pp * args.ep} processes, "
                          f"but {world_size} were started; start pp x ep processes")
-    cli.validate_common(args, args.pp)
+    cli.validate_common(args, args.pp, split_over=("--ep", args.ep))  # a microbatch is split over the ep pipelines
     if args.experts % args.ep:
         raise ValueError(f"--experts {args.experts} cannot be split evenly over --ep {args.ep} ranks; "
                          f"use a multiple of {args.ep}")
     if not 1 <= args.top_k <= args.experts:
         raise ValueError(f"--top-k {args.top_k} must be between 1 and --experts {args.experts}")
-    if args.batch_size % (args.microbatches * args.ep):
-        raise ValueError(f"--batch-size {args.batch_size} must be divisible by --microbatches x --ep = "
-                         f"{args.microbatches * args.ep}: every microbatch is split over the ep pipelines")
     if args.expert_dim < 1 or args.lr < 0:
         raise ValueError(f"--expert-dim must be at least 1 and --lr at least 0, got {args.expert_dim} "
                          f"and {args.lr}")
@@ -105,17 +103,6 @@ def moe_config(args) -> moe.MoEConfig:
                          max_seq_len=args.seq_len, n_experts=args.experts, top_k=args.top_k,
                          expert_hidden_dim=args.expert_dim, capacity_factor=args.capacity_factor,
                          aux_loss_coef=args.aux_coef)
-
-
-def make_batch(args, step: int):
-    """Random token ids and next-token targets (B, T), the same on every rank for a given step."""
-    g = torch.Generator().manual_seed(args.seed * 10_000 + step)
-    seq = torch.randint(0, args.vocab, (args.batch_size, args.seq_len + 1), generator=g)
-    return seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
-
-
-def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
 # [start-shard]
@@ -136,12 +123,13 @@ def reference(full, args, n_steps: int) -> tuple:
     weights, by parameter name, its mean losses, and its assignments routed and kept per
     layer and expert (moe.counts)."""
     model = copy.deepcopy(full)
+    device = next(model.parameters()).device
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
     for step in range(n_steps):
         moe.reset_counts(model)
         opt.zero_grad(set_to_none=True)
         ce, aux = [], []
-        for x, y in zip(*(t.tensor_split(args.microbatches) for t in make_batch(args, step))):
+        for x, y in zip(*(t.tensor_split(args.microbatches) for t in make_batch(args, step, device))):
             main = loss_fn(model(x), y)
             balance = moe.aux_loss(model)
             (main + args.aux_coef * balance).backward()

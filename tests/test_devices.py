@@ -68,6 +68,28 @@ def test_a1_batches_on_the_stage_device():
     assert_ready(mod.make_batch(mod.parse_args([]), 0, META), META)
 
 
+def test_13_moe_reference_makes_its_batches_on_the_models_device(monkeypatch):
+    """The one-process reference of scripts/13_moe.py once made its batches on the CPU, so the
+    docstring's GPU command would have failed at its first forward: the reference asks for them
+    on the device its model lies on."""
+    mod = load_script("13_moe.py")
+    args = mod.parse_args(["--layers", "2", "--dim", "32"])
+    full = mod.moe.build_moe_model(mod.moe_config(args), seed=args.seed).to(META)
+    asked = []
+
+    class Asked(Exception):
+        pass
+
+    def spy(a, step, device="cpu"):
+        asked.append(torch.device(device))
+        raise Asked
+
+    monkeypatch.setattr(mod, "make_batch", spy)
+    with pytest.raises(Asked):
+        mod.reference(full, args, 1)
+    assert asked == [META]
+
+
 # --- one-process runs: what the schedules receive --------------------------------------------------
 @pytest.fixture
 def schedule_spy(monkeypatch):
