@@ -340,7 +340,8 @@ def test_overlap_without_all_to_all_and_experts_over_four():
     (["--ep", "3"], "--ep 3 must divide the 2 processes", 2),
     (["--pp", "2", "--ep", "1"], "--pp 2 x --ep 1 = 2 processes, but 4 were started", 4),
     (["--ep", "2", "--experts", "3"], "--experts 3 cannot be split evenly over --ep 2", 2),
-    (["--ep", "2", "--batch-size", "24"], "must be divisible by --microbatches x --ep = 16", 2),
+    (["--ep", "2", "--microbatches", "5"], "--batch-size 32 is not divisible by --microbatches 5 x --ep 2 = 10: "
+     "every microbatch must have the same size on each of the 2 --ep ranks; try --batch-size 40", 2),
     (["--ep", "1", "--runs", "DualPipeV", "--microbatches", "2", "--batch-size", "8"],
      "ScheduleDualPipeV needs at least as many microbatches as stages (2 x 2 = 4)", 2),
     (["--ep", "2", "--top-k", "5"], "--top-k 5 must be between 1 and --experts 4", 2),
@@ -349,6 +350,18 @@ def test_bad_flags_one_line(args, message, nproc):
     from conftest import assert_one_line_error
 
     assert_one_line_error("13_moe.py", args, message, nproc=nproc)
+
+
+def test_the_suggested_batch_size_is_accepted():
+    """A refusal's suggestion must itself run: it once named a multiple of --microbatches alone."""
+    from ppbook.launch import load_script
+
+    mod = load_script("13_moe.py")
+    bad = mod.parse_args(["--ep", "2", "--microbatches", "5", "--runs", "1F1B"])
+    with pytest.raises(ValueError, match="try --batch-size 40") as refused:
+        mod.validate(bad, 2)
+    suggested = int(str(refused.value).rsplit(" ", 1)[-1])
+    mod.validate(mod.parse_args(["--ep", "2", "--microbatches", "5", "--runs", "1F1B", "--batch-size", str(suggested)]), 2)
 
 
 def test_the_recorded_launches_are_what_assess_reads():

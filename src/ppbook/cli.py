@@ -51,8 +51,10 @@ def add_common_args(p: argparse.ArgumentParser, microbatches: int | list[int] = 
     p.add_argument("--timeout", type=float, default=120.0, help="seconds any rank waits for a peer before failing")
 
 
-def validate_common(args: argparse.Namespace, num_stages: int) -> None:
-    """Refuse bad combinations in one line each, before any process group exists."""
+def validate_common(args: argparse.Namespace, num_stages: int, split_over: tuple[str, int] | None = None) -> None:
+    """Refuse bad combinations in one line each, before any process group exists. ``split_over``
+    (a flag and its value, such as ``("--ep", 2)``): each microbatch is split again that many
+    ways, so the batch must divide by both."""
     from ppbook import dist as ppdist
 
     for name in ("batch_size", "seq_len", "layers", "dim", "heads", "vocab"):
@@ -64,10 +66,14 @@ def validate_common(args: argparse.Namespace, num_stages: int) -> None:
     for m in args.microbatches if isinstance(args.microbatches, list) else [args.microbatches]:
         if m < 1:
             raise ValueError(f"--microbatches must be at least 1, got {m}")
-        if args.batch_size % m:
+        flag, ways = split_over or ("", 1)
+        q = m * ways
+        if args.batch_size % q:
+            by = f"--microbatches {m}" + (f" x {flag} {ways} = {q}" if ways > 1 else "")
             raise ValueError(
-                f"--batch-size {args.batch_size} is not divisible by --microbatches {m}: every microbatch must "
-                f"have the same size; try --batch-size {-(-args.batch_size // m) * m}")
+                f"--batch-size {args.batch_size} is not divisible by {by}: every microbatch must have the same "
+                f"size{f' on each of the {ways} {flag} ranks' if ways > 1 else ''}; try --batch-size "
+                f"{-(-args.batch_size // q) * q}")
     if args.layers < num_stages:
         raise ValueError(
             f"{num_stages} processes need at least {num_stages} layers (one stage each), got --layers {args.layers}; "
