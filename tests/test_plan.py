@@ -412,10 +412,18 @@ def test_a_hugging_face_config_that_is_not_json_is_one_line(tmp_path, capsys):
     assert status == 2 and "no 'num_hidden_layers'" in out and len(out.strip().splitlines()) == 1
 
 
-def test_a_request_nothing_fits_exits_1_and_shows_the_closest(capsys):
-    status, out = in_process(["--model", "llama3-405b", "--gpus", "8", "--global-batch", "64", "--seq-len", "8192",
-                              "--why"], capsys)
-    assert status == 1 and "nothing fits" in out and "the closest layout" in out and "does not fit" in out
+@pytest.mark.parametrize("argv", [
+    ["--model", "llama3-405b", "--gpus", "8", "--global-batch", "64", "--seq-len", "8192"],
+    # every layout dropped on its memory's lower bound, none counted by the search
+    ["--model", "llama3-8b", "--gpus", "1", "--global-batch", "1", "--seq-len", "4096", "--gpu", "a100-40gb"],
+    ["--model", "llama3-70b", "--gpus", "7", "--global-batch", "1024", "--seq-len", "8192"],
+])
+def test_a_request_nothing_fits_exits_1_and_shows_the_closest(argv, capsys):
+    status, out = in_process([*argv, "--why"], capsys)
+    assert status == 1 and "nothing fits" in out and "layouts dropped" in out and "within 5% of the winner" not in out
+    assert "the closest layout" in out and "does not fit" in out
+    closest = out.split("the closest layout, ", 1)[1]
+    assert "needs " in closest and " GB on its fullest GPU" in closest and "total" in closest  # with its breakdown
 
 
 def test_a_named_layout_is_explained_and_the_winner_exported(capsys):
