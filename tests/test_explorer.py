@@ -196,9 +196,11 @@ def test_forty_plans_are_the_pythons(js):
         const planner = new PPPlanner.Planner(req), problem = planner.requestProblem();
         if (problem) return {{problem}};
         const res = planner.plan(), fields = {PREDICTION_FIELDS};
-        return {{ranked: res.ranked.map(fields), dropped: res.dropped.map(o => [o.label, o.why_not])}}; }})""",
+        const closest = res.ranked.length ? null : planner.closest(res.dropped);
+        return {{ranked: res.ranked.map(fields), dropped: res.dropped.map(o => [o.label, o.why_not]),
+                 closest: closest && [closest.label, closest.peak_bytes]}}; }})""",
              [request_json(r) for r in requests])
-    refused = ranked = 0
+    refused = ranked = unfit = 0
     for k, (req, answer) in enumerate(zip(requests, got)):
         problem = search.request_problem(req)
         assert answer.get("problem") == problem, k
@@ -211,7 +213,13 @@ def test_forty_plans_are_the_pythons(js):
             compare_prediction(a, o, (k, o.layout.label()))
         assert sorted(map(tuple, answer["dropped"])) == sorted((o.layout.label(), o.why_not) for o in dropped), k
         ranked += bool(expected)
-    assert refused >= 2 and ranked >= 30  # both branches are exercised
+        if not expected:  # nothing fits: the same closest layout, its memory counted
+            nearest = search.closest(dropped, req)
+            unfit += nearest is not None
+            assert (answer["closest"] is None) == (nearest is None), k
+            if nearest is not None:
+                assert answer["closest"][0] == nearest.layout.label() and close(answer["closest"][1], nearest.peak_bytes), k
+    assert refused >= 2 and ranked >= 30 and unfit >= 1  # every branch is exercised
     expert_parallel = [a["label"] for answer in got for a in answer.get("ranked", []) if " ep=" in a["label"]]
     assert any(" ep=16 " in x or " ep=32 " in x for x in expert_parallel)  # across nodes too
 

@@ -218,7 +218,7 @@
         "Click a row, or change the layout below.";
       choose(ranked[0].layout);
     } else {
-      const closest = result.dropped.filter((o) => o.memory).sort((a, b) => a.peak_bytes - b.peak_bytes)[0];
+      const closest = planner.closest(result.dropped);
       $("ppx-summary").textContent = "No layout fits: " + (closest ? "the closest, " + closest.label + ", needs " +
         gb(closest.peak_bytes) + " GB on its fullest GPU of " + gb(P.usableBytes(req)) + " usable; use more GPUs, " +
         "a larger tp, recomputation or sharding." : "every layout was refused.");

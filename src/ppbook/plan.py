@@ -547,18 +547,6 @@ def _drop_summary(dropped: list[search.Prediction], limit: int = 20) -> list[str
     return lines
 
 
-def closest_layout(dropped: list[search.Prediction], req: search.Request) -> search.Prediction | None:
-    """The dropped layout that needs the least memory, with its memory counted. The search drops
-    most layouts on a lower bound of their memory without counting it; when none was counted,
-    the one with the lowest bound is counted now."""
-    counted = [o for o in dropped if o.memory]
-    if not counted:
-        unfit = [o.layout for o in dropped if (o.why_not or "").startswith("does not fit")]
-        if unfit:
-            counted = [search.predict(min(unfit, key=lambda lay: search.memory_floor(lay, req)), req)]
-    return min(counted, key=lambda o: o.peak_bytes, default=None)
-
-
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
@@ -582,7 +570,7 @@ def main(argv=None) -> int:
         print("memory per GPU of the winner, GB:")
         print("\n".join(breakdown(ranked[0], req)))
     else:
-        closest = closest_layout(dropped, req)
+        closest = search.closest(dropped, req)
         if closest is not None:
             print(f"the closest layout, {closest.layout.label()}, needs {closest.peak_gb:.1f} GB on its fullest GPU "
                   f"of {req.usable_bytes / GB:.1f} usable; use more GPUs, a larger --tp, recomputation or sharding:")

@@ -1328,6 +1328,25 @@
     return {ranked: ranked, dropped: dropped};
   };
 
+  // port of search.closest: of the dropped layouts, the one that needs the least memory, counted
+  Planner.prototype.closest = function (dropped) {
+    var self = this, counted = dropped.filter(function (o) { return o.memory; });
+    if (!counted.length) {
+      var unfit = dropped.filter(function (o) { return (o.why_not || "").indexOf("does not fit") === 0; });
+      if (unfit.length) {
+        var best = unfit[0].layout, bestFloor = this.memoryFloor(best);
+        unfit.slice(1).forEach(function (o) {
+          var f = self.memoryFloor(o.layout);
+          if (f < bestFloor) { best = o.layout; bestFloor = f; }
+        });
+        counted = [this.predict(best, true)];
+      }
+    }
+    var out = null;
+    counted.forEach(function (o) { if (out === null || o.peak_bytes < out.peak_bytes) out = o; });
+    return out;
+  };
+
   // one step of a layout, simulated at its own m (for drawing; not extrapolated)
   Planner.prototype.timeline = function (L) {
     var sc = this.costsOf(L);

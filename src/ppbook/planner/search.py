@@ -910,6 +910,19 @@ def plan(req: Request, keep_all: bool = False, slack: float = SLACK) -> tuple[li
     return ranked, dropped
 
 
+def closest(dropped: list[Prediction], req: Request) -> Prediction | None:
+    """Of the layouts :func:`plan` dropped, the one that needs the least memory, with its memory
+    counted (what to show when nothing fits). The search drops most layouts on their memory's lower
+    bound without counting it; when it counted none, the layout with the lowest bound is counted
+    now. ``None`` when every layout was refused for another reason."""
+    counted = [o for o in dropped if o.memory]
+    if not counted:
+        unfit = [o.layout for o in dropped if (o.why_not or "").startswith("does not fit")]
+        if unfit:
+            counted = [predict(min(unfit, key=lambda lay: memory_floor(lay, req)), req)]
+    return min(counted, key=lambda o: o.peak_bytes, default=None)
+
+
 def prediction_json(pred: Prediction) -> dict:
     return {**asdict(pred.layout), "label": pred.layout.label(), "step_s": pred.step_s,
             "pipeline_s": pred.pipeline_s, "dp_exposed_s": pred.dp_exposed_s, "optimizer_s": pred.optimizer_s,
