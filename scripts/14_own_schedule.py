@@ -7,9 +7,11 @@ CPU, two processes, all eight in one launch (gloo):
     torchrun --standalone --nproc-per-node 2 scripts/14_own_schedule.py --check
 CPU, four processes:
     torchrun --standalone --nproc-per-node 4 scripts/14_own_schedule.py --layers 8 --check
-Run your own order: a CSV with one line of actions per rank, as torch's runtime reads it
-(ppbook.custom_schedules.to_csv writes one from any order; here V-Half's, 2 ranks, 8 microbatches):
-    python -c "from ppbook.custom_schedules import to_csv, v_half_order; open('my_order.csv', 'w').write(to_csv(v_half_order(2, 8)))"
+Run your own order: a CSV with one line of actions per rank, as torch's runtime reads it.
+ppbook.custom_schedules.to_csv writes one from any order; V-Half's on 2 ranks, 8 microbatches:
+    from ppbook.custom_schedules import to_csv, v_half_order
+    open("my_order.csv", "w").write(to_csv(v_half_order(2, 8)))
+then:
     torchrun --standalone --nproc-per-node 2 scripts/14_own_schedule.py --csv my_order.csv --check
 The deadlock of blocking sends that are not paired with a receive (an error after --timeout s):
     torchrun --standalone --nproc-per-node 2 scripts/14_own_schedule.py --mistake unpaired --timeout 5
