@@ -196,6 +196,15 @@ def overlap_f_b(action, ctx) -> None:
 # [end-overlap]
 
 
+PAIRS: dict[int, int] = {}  # per schedule (its id): the OVERLAP_F_B pairs run by overlap_f_b
+
+
+def counted_overlap_f_b(action, ctx) -> None:
+    """overlap_f_b, counted: the report says how many pairs each rank ran on two threads."""
+    overlap_f_b(action, ctx)
+    PAIRS[id(ctx.schedule_ref)] = PAIRS.get(id(ctx.schedule_ref), 0) + 1
+
+
 # [start-halves]
 def run_forward(sched, stages, stage, mb, ctx) -> None:
     """What torch's runtime does for a forward action (schedules.py, private)."""
@@ -237,7 +246,7 @@ def build(run: str, full, args, info, pp_group, ep, rec) -> tuple:
     single = issubclass(cls, pipelining.schedules.PipelineScheduleSingle)
     schedule = cls(stages[0] if single else stages, n_microbatches=args.microbatches, loss_fn=loss_fn)
     if overlap:
-        schedule.register_custom_function(OVERLAP_F_B, overlap_f_b)
+        schedule.register_custom_function(OVERLAP_F_B, counted_overlap_f_b)
     return schedule, mods, indices, num_stages
 
 
@@ -418,7 +427,8 @@ def report(r: Run) -> dict | None:
     aux_sum = sum(layer.aux_sum for mod in mods for layer in moe.moe_layers(mod).values())
     mine = {"rank": info.rank, "pipeline": ep.rank, "stages": indices, "ce": ce_losses[-1],
             "aux": float(aux_sum) / args.microbatches, "diff": diff,
-            "counts": {k: v for mod in mods for k, v in moe.counts(mod).items()}}
+            "counts": {k: v for mod in mods for k, v in moe.counts(mod).items()},
+            "pairs": PAIRS.get(id(r.schedule), 0)}
     rows = gather_to_rank0(mine)
     if rows is None:
         return None
@@ -435,7 +445,8 @@ def report(r: Run) -> dict | None:
     return {"run": run, "schedule": RUNS[run][0], "aux": RUNS[run][1], "overlap": RUNS[run][2],
             "placement": {r["rank"]: r["stages"] for r in rows}, "pipelines": len(per_pipe),
             "ce": ce, "aux_loss": aux, "max_diff": worst, "counts": dict(sorted(counts.items(), key=lambda kv: int(kv[0]))),
-            "records": records, **measure.summarise_steps(records)}
+            "records": records, "pairs_on_two_threads": {r["rank"]: r["pairs"] for r in rows},
+            **measure.summarise_steps(records)}
 
 
 def dropped(counts: dict) -> list[int]:

@@ -247,15 +247,16 @@ def check_matches(data, runs):
         assert r["same_drops"] and r["counts"] == data["reference"]["counts"], r["run"]  # the same tokens dropped
 
 
-def ran_at_once(data, run: str, p: int, m: int) -> None:
-    """Every OVERLAP_F_B pair of ``run`` ran its forward and its backward at the same time, on every rank."""
-    events = timeline.from_json(next(r for r in data["runs"] if r["run"] == run)["events"])
-    by_key = {(e.rank, e.stage, e.kind, e.microbatch): e for e in events}
+def ran_as_pairs(data, run: str, p: int, m: int, steps: int = 1) -> None:
+    """``run`` ran every OVERLAP_F_B pair of DualPipeV's order through the script's function, its
+    backward on a second thread, on every rank. (Whether the two halves' times overlap is up to
+    the operating system: the chapter measures it on a record, a test does not assert it.)"""
     order = overlap.pair_order("DualPipeV", p, m)
-    for rank in range(data["world_size"]):
-        for f, b in (item for item in order[rank % p] if len(item) == 2):
-            ef, eb = by_key[(rank, f.stage, "F", f.microbatch)], by_key[(rank, b.stage, "B", b.microbatch)]
-            assert ef.start < eb.end and eb.start < ef.end, (rank, f, b)
+    result = next(r for r in data["runs"] if r["run"] == run)
+    expected = {rank: steps * sum(len(item) == 2 for item in order[rank % p]) for rank in range(data["world_size"])}
+    assert {int(k): v for k, v in result["pairs_on_two_threads"].items()} == expected and all(expected.values())
+    others = [r for r in data["runs"] if r["run"] != run]
+    assert all(not any(r["pairs_on_two_threads"].values()) for r in others)  # torch runs those pairs in turn
 
 
 @pytest.mark.torchrun
@@ -264,7 +265,7 @@ def test_overlap_with_the_v_on_one_rank_and_experts_over_two():
                                       "--microbatches", "4", "--batch-size", "8", *SMALL], nproc=2, timeout=300)
     runs = {x["run"]: x for x in r.data["runs"]}
     assert runs["DualPipeV-overlap"]["match"] and not runs["aux-ignored"]["match"] and r.data["ok"]
-    ran_at_once(r.data, "DualPipeV-overlap", 1, 4)
+    ran_as_pairs(r.data, "DualPipeV-overlap", 1, 4)
 
 
 @pytest.mark.torchrun
@@ -287,7 +288,7 @@ def test_pipelines_times_experts_on_four_processes_equal_one_process():
     idle = [rec["idle_share"] for run in r.data["runs"] for rec in run["records"]]
     assert idle and all(v is None or 0 <= v <= 1 for v in idle)  # a share of the cores' time (None: no /proc/stat)
     assert any(sum(c["routed"]) > sum(c["kept"]) for c in r.data["reference"]["counts"].values())  # some dropped
-    ran_at_once(r.data, "DualPipeV-overlap", 2, 4)
+    ran_as_pairs(r.data, "DualPipeV-overlap", 2, 4)
 
 
 # Every --check at m = 3, 5 and 6 (issue 26), on 2 and 3 ranks, in each layout: pipeline only
