@@ -37,3 +37,15 @@ def test_markdown_table_and_bytes():
     assert human_bytes(1.13e12) == "1.13 TB"
     assert human_bytes(80e9) == "80 GB"
     assert human_bytes(12) == "12 B"
+
+
+def test_bounds_round_away_from_what_they_bound():
+    """A printed "at most" must not fall below the maximum, nor "at least" rise above the minimum,
+    float noise included (0.3 * 10 is 3.0000000000000004)."""
+    from ppbook.report import round_down, round_up, round_up_sig
+
+    assert (round_up(1.494), round_down(1.494), round_up(0.3), round_down(0.7)) == (1.5, 1.4, 0.3, 0.7)
+    assert round_up(12.31) == 12.4 and round_down(14.99, 0) == 14.0 and round_down(-0.25) == -0.3
+    assert (round_up_sig(1.23e-5), round_up_sig(3e-5), round_up_sig(123.4), round_up_sig(0.0)) == (1.3e-5, 3e-5, 130.0, 0.0)
+    for x in (0.123456, 7.0, 9.99, 1e-7, 2.5e-3):
+        assert round_up_sig(x) >= x and round_up(x, 3) >= x and round_down(x, 3) <= x

@@ -5,6 +5,7 @@ Introduced in chapter 0; every chapter uses it.
 
 from __future__ import annotations
 
+import math
 from typing import Iterable, Sequence
 
 
@@ -33,3 +34,35 @@ def human_bytes(n: float) -> str:
         if abs(n) >= size:
             return f"{n / size:.3g} {unit}"
     return f"{n:.0f} B"
+
+
+# A bound a sentence states must stay true as printed: "at most" shows a maximum rounded up,
+# "at least" a minimum rounded down (rounding to the nearest can cross the bound).
+
+def round_up(x: float, digits: int = 1) -> float:
+    """``x`` rounded up to ``digits`` decimals: what "at most" or "within" may print of a maximum."""
+    return math.ceil(round(x * 10**digits, 9)) / 10**digits  # round(): 0.3 * 10 is 3.0000000000000004
+
+
+def round_down(x: float, digits: int = 1) -> float:
+    """``x`` rounded down to ``digits`` decimals: what "at least" may print of a minimum."""
+    return math.floor(round(x * 10**digits, 9)) / 10**digits
+
+
+def round_up_sig(x: float, sig: int = 2) -> float:
+    """``x`` (>= 0) rounded up to ``sig`` significant digits, for the e-format of small differences."""
+    if x <= 0:
+        return 0.0 if x == 0 else -round_down_sig(-x, sig)
+    e = math.floor(math.log10(x)) - (sig - 1)
+    return float(_times_ten_to(math.ceil(round(_times_ten_to(x, -e), 9)), e))
+
+
+def round_down_sig(x: float, sig: int = 2) -> float:
+    """``x`` (> 0) rounded down to ``sig`` significant digits."""
+    e = math.floor(math.log10(x)) - (sig - 1)
+    return float(_times_ten_to(math.floor(round(_times_ten_to(x, -e), 9)), e))
+
+
+def _times_ten_to(x: float, e: int) -> float:
+    """x * 10**e, dividing for a negative e so that 3 x 10^-5 prints as 3e-05 (not 2.9999999999999997e-05)."""
+    return x * 10**e if e >= 0 else x / 10**-e
