@@ -35,10 +35,10 @@ from torch.distributed.pipelining.schedules import OVERLAP_F_B, _wait_batch_p2p
 from tqdm import tqdm
 
 from ppbook import cli, driver, measure, moe, precision, timeline
-from ppbook.workload import loss_fn, make_batch
 from ppbook.dist import gather_to_rank0, schedule_backend_problem
 from ppbook.models import LlamaConfig
 from ppbook.stages import schedule_problem, stage_indices, stage_module
+from ppbook.workload import loss_fn, make_batch
 
 # run name -> (schedule, aux-loss handling, overlap)
 RUNS = {

@@ -74,6 +74,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+def read_csv(path: str) -> Order:
+    """The order in a --csv file; a ValueError naming the file and the bad cell."""
+    try:
+        return custom_schedules.from_csv(Path(path).read_text())
+    except ValueError as err:
+        raise ValueError(f"--csv {path}: {err}") from None
+
+
 def validate(args: argparse.Namespace, world_size: int) -> None:
     cli.validate_common(args, world_size)
     m, v = args.microbatches, args.stages_per_rank
@@ -91,10 +99,7 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
     if args.csv:
         if not Path(args.csv).is_file():
             raise ValueError(f"--csv {args.csv}: no such file")
-        try:
-            order = custom_schedules.from_csv(Path(args.csv).read_text())
-        except ValueError as err:
-            raise ValueError(f"--csv {args.csv}: {err}") from None
+        order = read_csv(args.csv)
         problem = custom_schedules.order_problem(order, world_size, m, args.layers)
         if problem:
             raise ValueError(f"--csv {args.csv}: {problem}")
@@ -236,10 +241,7 @@ def custom_order(name: str, args, p: int) -> Order:
     if name in CUSTOM:
         order = CUSTOM[name](p, args.microbatches)
     else:
-        try:
-            order = custom_schedules.from_csv(Path(args.csv).read_text())
-        except ValueError as err:
-            raise ValueError(f"--csv {args.csv}: {err}") from None
+        order = read_csv(args.csv)
     if args.mistake == "repeated-backward":
         acts = order[0]
         i = acts.index(Action(0, "I", 1))

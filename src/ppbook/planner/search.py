@@ -108,9 +108,14 @@ class Layout:
 
     @property
     def num_stages(self) -> int:
-        if self.schedule == NO_PIPELINE:
-            return self.p
-        return self.p * schedules.stages_per_rank(self.schedule, self.v)  # raises on an unknown schedule
+        return stage_count(self.schedule, self.p, self.v)
+
+
+def stage_count(schedule: str, p: int, v: int) -> int:
+    """Stages of a pipeline of ``p`` ranks under ``schedule`` (``NO_PIPELINE``: one per rank)."""
+    if schedule == NO_PIPELINE:
+        return p
+    return p * schedules.stages_per_rank(schedule, v)  # raises on an unknown schedule
 
 
 MEMORY_KINDS = ("parameters", "gradients", "optimizer", "activations", "logits", "buffers")
@@ -590,11 +595,10 @@ def _rank_activations(req: Request, schedule: str, p: int, m: int, v: int, b: in
     plus one layer's recomputation and, on the last stage, one loss backward. Independent of the
     sharding, so cached across it."""
     shape = req.model
-    num_stages = p * (1 if schedule == NO_PIPELINE else schedules.stages_per_rank(schedule, v))
-    t = _tables(req, num_stages, balance, b, recompute, tp)
+    stages = stage_count(schedule, p, v)
+    t = _tables(req, stages, balance, b, recompute, tp)
     dt = memory.RECIPES[req.recipe].activation_bytes
     tokens = b * req.seq_len
-    split = schedule in schedules.SPLIT_BACKWARD
     logits = memory.logits_bytes(shape, tokens, dt) / tp
     loss_backward = memory.loss_backward_bytes(shape, tokens) / tp
     transient = _transient(req, b, recompute, tp)
@@ -605,9 +609,9 @@ def _rank_activations(req: Request, schedule: str, p: int, m: int, v: int, b: in
     out = []
     for rank in range(p):
         acts_points = [(mm, at_m[rank]) for mm, at_m in zip(ms, kept)]
-        logit_points = [(mm, logits * sum(count for s, count, _ in peak[rank] if s == num_stages - 1))
+        logit_points = [(mm, logits * sum(count for s, count, _ in peak[rank] if s == stages - 1))
                         for mm, peak in zip(ms, peaks)]
-        holds_last = any(s == num_stages - 1 for s, _, _ in peaks[0][rank])
+        holds_last = any(s == stages - 1 for s, _, _ in peaks[0][rank])
         out.append((_extrapolate(acts_points, m) + transient,
                     _extrapolate(logit_points, m) + (loss_backward if holds_last else 0.0)))
     return tuple(out)
