@@ -74,3 +74,37 @@ def test_listings_fit_fails_on_a_long_shown_line(tmp_path):
     script.write_text("def f():\n" + code + "c" * (WIDTH + 1 - len(code)) + "\n")
     with pytest.raises(AssertionError, match=r"s\.py:2 \(" + str(WIDTH + 1) + r"\)"):
         check_listings_fit(tmp_path)
+
+
+# The core path a newcomer reads first holds its paragraphs to a few numbers each (STYLE.md, 2b);
+# the numbers stay glued, in tables or in collapsed blocks ("How this was checked").
+CORE_PATH = ["00_intro.md", "01_first_pipeline.md", "02_naive.md", "03_gpipe.md", "05_schedules.md"]
+
+
+@pytest.mark.parametrize("page", CORE_PATH)
+def test_core_path_paragraphs_carry_few_numbers(page):
+    from prose_numbers import LIMIT, over_limit
+
+    over = over_limit((ROOT / "book" / page).read_text())
+    assert not over, (f"{len(over)} paragraph(s) of {page} carry more than {LIMIT} glued values; move the rest "
+                      "into a table or a collapsed block: "
+                      + "; ".join(f"line {line} ({n}): {par[:80]}..." for line, n, par in over))
+
+
+def test_prose_numbers_counts_only_the_open_main_line():
+    """The counter sees prose and open admonitions, and skips code cells, tables and collapsed blocks."""
+    from prose_numbers import glued_numbers, paragraphs
+
+    g = "{glue:text}`a` "
+    page = "\n".join([
+        "---", "jupytext: {}", "---", "(label)=", "# Title", "",
+        "One " + g * 2, "goes on " + g, "",  # one paragraph over two lines: 3
+        "| a | " + g * 5 + "|",  # a table row
+        "```{code-cell} ipython3", "x = " + g * 5, "```",
+        ":::{note}", "Open " + g * 4, ":::",  # an open admonition counts: 4
+        "::::{admonition} How this was checked", ":class: dropdown", "", "Hidden " + g * 6, "::::",
+        "````{dropdown} Why these CPU numbers differ", "```python", g, "```", g * 7, "````",
+        "- item " + g * 2, "- other " + g,
+    ])
+    counts = [glued_numbers(p) for _, p in paragraphs(page)]
+    assert counts == [3, 4, 2, 1], counts
