@@ -37,6 +37,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from make_notebooks import notebook_pages  # noqa: E402
+from machine_paths import hide_in_notebook  # noqa: E402
 
 
 def read_page(page: Path):
@@ -57,6 +58,7 @@ def execute(page: Path, timeout: int, allow_errors: bool):
     notebook = read_page(page)
     result = single_nb_execution(notebook, cwd=str(page.parent), allow_errors=allow_errors, timeout=timeout,
                                  meta_override=True)
+    hide_in_notebook(notebook)  # no page shows the build machine's paths (tracebacks, warnings)
     return notebook, result.time, (result.exc_string if result.err is not None else None)
 
 

@@ -1,0 +1,96 @@
+"""No rendered page shows a path of the machine that built it (STYLE.md, companion scripts; issue 38).
+
+Tracebacks and warnings name files by absolute paths: the repository, the virtual environment,
+the home directory. The build hides them in every executed notebook's outputs
+(``tools/machine_paths.py``, called by ``build_book.execute``); these tests check the hiding on
+samples and the whole built site."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from conftest import ROOT
+import machine_paths
+
+FAKE = [("/home/ann/book/.venv/lib/python3.11/site-packages", "site-packages"), ("/home/ann/book", "."),
+        ("/home/ann", "~")]
+
+
+def test_hide_writes_each_prefix_as_a_reader_would():
+    text = ("File /home/ann/book/.venv/lib/python3.11/site-packages/torch/x.py:3, in f\n"
+            "File /home/ann/book/src/ppbook/y.py:7\n/home/ann/data.json /home/annex/z /home/ann/booklet")
+    assert machine_paths.hide(text, FAKE) == ("File site-packages/torch/x.py:3, in f\nFile ./src/ppbook/y.py:7\n"
+                                              "~/data.json /home/annex/z ~/booklet")
+    assert machine_paths.found(text, FAKE) == ["/home/ann/book/.venv/lib/python3.11/site-packages",
+                                               "/home/ann/book", "/home/ann"]
+    assert machine_paths.found(machine_paths.hide(text, FAKE), FAKE) == []
+
+
+def test_this_machines_paths_are_known_and_never_the_root_folder():
+    paths = dict(machine_paths.machine_paths())
+    for path in (str(ROOT), sys.prefix, str(Path.home())):
+        assert path.rstrip("/") in paths or len(path.rstrip("/")) <= 4, path
+    assert "/" not in paths and "" not in paths and "/tmp" not in paths
+    assert machine_paths.hide(f"{ROOT}/src/ppbook/plan.py") == "./src/ppbook/plan.py"
+
+
+def test_hide_in_notebook_cleans_every_text_output_and_leaves_code_and_images():
+    nb = nbformat.v4.new_notebook()
+    code = "open('/home/ann/book/x')"
+    cell = nbformat.v4.new_code_cell(code)
+    cell.outputs = [
+        nbformat.v4.new_output("stream", name="stderr", text="/home/ann/book/.venv/lib/python3.11/site-packages/"
+                                                              "tqdm/auto.py:21: TqdmWarning\n"),
+        nbformat.v4.new_output("error", ename="OSError", evalue="no /home/ann/book/x",
+                               traceback=["\x1b[32m/home/ann/book/src/a.py:3\x1b[39m"]),
+        nbformat.v4.new_output("display_data", data={"text/plain": "/home/ann/f", "image/png": "/home/ann/AAAA"}),
+    ]
+    nb.cells.append(cell)
+    machine_paths.hide_in_notebook(nb, FAKE)
+    out = cell.outputs
+    assert out[0]["text"] == "site-packages/tqdm/auto.py:21: TqdmWarning\n"
+    assert out[1]["evalue"] == "no ./x" and out[1]["traceback"] == ["\x1b[32m./src/a.py:3\x1b[39m"]
+    assert out[2]["data"] == {"text/plain": "~/f", "image/png": "/home/ann/AAAA"}
+    assert cell.source == code
+
+
+def test_the_build_executor_hides_paths(tmp_path):
+    """``build_book.execute`` (what ``make book`` and ``run_page.py`` run) hides them in a real
+    traceback: a failing call into the installed torch, from a page outside the repository."""
+    from build_book import execute
+
+    page = tmp_path / "page.md"
+    page.write_text(textwrap.dedent("""\
+        ---
+        kernelspec:
+          display_name: Python 3
+          language: python
+          name: python3
+        ---
+        ```{code-cell} ipython3
+        :tags: [raises-exception]
+        import torch.distributed as dist
+        dist.get_rank(group=object())
+        ```
+        """))
+    notebook, _, error = execute(page, timeout=60, allow_errors=False)
+    assert error is None
+    shown = nbformat.writes(notebook)
+    assert "site-packages/torch/distributed" in shown  # the frame is there, named as a reader would
+    assert not machine_paths.found(shown), machine_paths.found(shown)
+
+
+@pytest.mark.book
+def test_no_built_page_shows_a_path_of_the_build_machine(built_book):
+    paths = machine_paths.machine_paths()
+    bad = {}
+    for page in sorted(built_book.rglob("*.html")) + sorted((built_book / "_sources").rglob("*.ipynb")):
+        hits = machine_paths.found(page.read_text("utf8", errors="replace"), paths)
+        if hits:
+            bad[str(page.relative_to(built_book))] = hits
+    assert not bad, f"pages showing the build machine's paths (tools/machine_paths.py hides them): {bad}"
