@@ -173,19 +173,117 @@ def action_overheads(steps: list[list[Event]], latency: float) -> dict[tuple[int
     return {key: median_high(v) for key, v in pooled.items()}
 
 
-def plot(events: list[Event], ax=None, title: str | None = None, labels: bool = True, time_unit: str = "ms"):
-    """A per-rank Gantt chart: one row per rank, one bar per action, white gaps are idle time."""
+KIND_NAMES = {"F": "forward", "B": "backward (full)", "I": "backward, input gradients",
+              "W": "backward, weight gradients"}
+_LATER_CHUNK_TINT = 0.45  # a rank's later stages (chunks) drawn this much closer to white
+_LABEL_SIZES = (7, 6, 5)  # font sizes tried, largest first; below the last a block stays unlabelled
+
+
+def block_labels(events: list[Event]) -> dict[Event, list[str]]:
+    """What each block of :func:`plot` may say, longest first; the first that fits is drawn.
+
+    A rank holding one stage: ``"F3"`` then ``"3"`` (the microbatch). A rank holding several
+    stages (looped and V-shaped schedules, where each stage is a *chunk* of the rank's layers):
+    torch's notation ``"5F3"`` (stage 5, forward, microbatch 3), then the microbatch over the
+    stage (``"3\\ns5"``), then the microbatch alone; later chunks are also tinted lighter."""
+    several = {rank for (rank, _), chunk in _chunk_of(events).items() if chunk > 0}
+    out = {}
+    for e in events:
+        if e.rank in several:
+            out[e] = [e.label, f"{e.microbatch}\ns{e.stage}", str(e.microbatch)]
+        else:
+            out[e] = [f"{e.kind}{e.microbatch}", str(e.microbatch)]
+    return out
+
+
+def _chunk_of(events: list[Event]) -> dict[tuple[int, int], int]:
+    """(rank, stage) -> the stage's position among the rank's stages (0: the rank's first chunk)."""
+    per_rank: dict[int, set[int]] = {}
+    for e in events:
+        per_rank.setdefault(e.rank, set()).add(e.stage)
+    return {(r, s): i for r, stages in per_rank.items() for i, s in enumerate(sorted(stages))}
+
+
+def _tint(colour: str, amount: float) -> tuple[float, float, float]:
+    from matplotlib.colors import to_rgb
+
+    return tuple(c + (1 - c) * amount for c in to_rgb(colour))
+
+
+@functools.lru_cache(maxsize=None)  # one class: a panel's labels are chosen together
+def _block_label_class():
+    """A text that chooses, each time its axes is drawn, what to say inside its block at the final
+    size of the figure (after ``tight_layout``, shared limits, ``savefig``'s dpi): one level of
+    :func:`block_labels` and one font size for every block of the axes, the longest and largest
+    at which every block that can hold a label holds it, so that one panel reads one way. A block
+    too small for the shortest label at the smallest size stays bare: no label spills out."""
+    from matplotlib.text import Text
+
+    class BlockLabel(Text):
+        def __init__(self, bar, candidates, **kwargs):
+            super().__init__(0, 0, candidates[0], ha="center", va="center", **kwargs)
+            self.bar, self.candidates, self.fits = bar, candidates, True
+
+        def _fits(self, renderer, text, size) -> bool:
+            box = self.bar.get_window_extent(renderer)
+            pad = 1.5 * renderer.points_to_pixels(1.0)
+            self.set_text(text)
+            self.set_fontsize(size)
+            own = super().get_window_extent(renderer)
+            return own.width <= box.width - pad and own.height <= box.height - pad
+
+        def draw(self, renderer):
+            ax = self.axes
+            key = (id(renderer), tuple(ax.bbox.bounds), ax.get_xlim(), ax.get_ylim())
+            if getattr(ax, "_ppbook_label_choice", (None,))[0] != key:
+                ax._ppbook_label_choice = (key, _choose(renderer, [t for t in ax.texts if isinstance(t, BlockLabel)]))
+            level, size = ax._ppbook_label_choice[1]
+            self.set_position((self.bar.get_x() + self.bar.get_width() / 2, self.bar.get_y() + self.bar.get_height() / 2))
+            text = self.candidates[min(level, len(self.candidates) - 1)]
+            self.fits = self._fits(renderer, text, size)
+            if self.fits:
+                super().draw(renderer)
+
+    def _choose(renderer, labels) -> tuple[int, int]:
+        """(level, size): the first, in order of preference, that every labellable block fits."""
+        smallest = _LABEL_SIZES[-1]
+        able = [b for b in labels if b._fits(renderer, b.candidates[-1], smallest)]
+        depth = max((len(b.candidates) for b in labels), default=1)
+        for level in range(depth):
+            for size in _LABEL_SIZES:
+                if all(b._fits(renderer, b.candidates[min(level, len(b.candidates) - 1)], size) for b in able):
+                    return level, size
+        return depth - 1, smallest
+
+    return BlockLabel
+
+
+def plot(events: list[Event], ax=None, title: str | None = None, labels: bool = True, time_unit: str = "ms",
+         legend: bool = True):
+    """A per-rank Gantt chart: one row per rank, one bar per action, white gaps are idle time.
+
+    Each block names its microbatch (and, on a rank holding several stages, its stage: see
+    :func:`block_labels`) where it fits; ``labels=False`` leaves the blocks bare. ``legend`` puts
+    the colours' meaning in the figure, once per figure, beside its top panel (a figure of several
+    timelines gets one legend for the kinds of all of them)."""
     import matplotlib.pyplot as plt
 
     scale = {"s": 1.0, "ms": 1e3}[time_unit]
     ax = ax or plt.gca()
     t0, t1 = span(events)
     ranks = sorted({e.rank for e in events})
+    chunk = _chunk_of(events)
+    texts = block_labels(events) if labels else {}
+    BlockLabel = _block_label_class()
     for e in events:
         x, w = (e.start - t0) * scale, e.duration * scale
-        ax.barh(e.rank, w, left=x, height=0.8, color=KIND_COLOURS[e.kind], edgecolor="white", linewidth=0.5)
-        if labels and w > 0.035 * (t1 - t0) * scale:
-            ax.text(x + w / 2, e.rank, e.label, ha="center", va="center", fontsize=7, color="white")
+        later = chunk[(e.rank, e.stage)] > 0
+        colour = _tint(KIND_COLOURS[e.kind], _LATER_CHUNK_TINT) if later else KIND_COLOURS[e.kind]
+        (bar,) = ax.barh(e.rank, w, left=x, height=0.8, color=colour, edgecolor="white", linewidth=0.5)
+        if labels:
+            label = BlockLabel(bar, texts[e], color="#222222" if later else "white", clip_on=True)
+            label.set_in_layout(False)  # it fits inside its block: it never widens the figure
+            ax.add_artist(label)
     ax.set_yticks(ranks, [f"rank {r}" for r in ranks])
     ax.set_ylim(max(ranks) + 0.6, min(ranks) - 0.6)
     # Axes made with sharex=True share one x-limit: setting it to this timeline's span would cut
@@ -195,7 +293,38 @@ def plot(events: list[Event], ax=None, title: str | None = None, labels: bool = 
     ax.set_xlabel(f"time ({time_unit})")
     if title:
         ax.set_title(title, fontsize=10, loc="left")
+    ax._ppbook_kinds = {e.kind for e in events}
+    ax._ppbook_chunked = len(chunk) > len(ranks)
+    ax._ppbook_labelled = labels
+    if legend:
+        _figure_legend(ax.figure)
     return ax
+
+
+def _figure_legend(fig) -> None:
+    """One legend for every timeline of ``fig``: the kinds drawn, the tint of later chunks where a
+    rank holds several stages, and idle time; beside the top-right timeline, outside its axes."""
+    from matplotlib.patches import Patch
+
+    drawn = [a for a in fig.axes if hasattr(a, "_ppbook_kinds")]
+    for a in drawn:
+        if getattr(a, "_ppbook_legend", None) is not None:
+            a._ppbook_legend.remove()
+            a._ppbook_legend = None
+    kinds = set().union(*(a._ppbook_kinds for a in drawn))
+    handles = [Patch(color=KIND_COLOURS[k], label=f"{k}: {KIND_NAMES[k]}") for k in "FBIW" if k in kinds]
+    if any(a._ppbook_chunked for a in drawn):
+        handles.append(Patch(color=_tint(KIND_COLOURS["F"], _LATER_CHUNK_TINT),
+                             label="lighter: the rank's later stage (chunk)"))
+    handles.append(Patch(facecolor="white", edgecolor="#999999", label="white: idle (bubble)"))
+    # the top panel, the rightmost of those on top (a grid of panels): its legend lies outside it
+    title = None
+    if any(a._ppbook_labelled for a in drawn):
+        title = "in a block: the microbatch\n(F3: its forward" + (
+            ";\n5F3: on stage 5)" if any(a._ppbook_chunked for a in drawn) else ")")
+    top = max(drawn, key=lambda a: (round(a.get_position().y1, 3), a.get_position().x1))
+    top._ppbook_legend = top.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7,
+                                    frameon=False, title=title, title_fontsize=7, alignment="left")
 
 
 def cut_bars(fig) -> list[str]:

@@ -1,0 +1,96 @@
+"""The timeline plot (ppbook.timeline.plot): every block names its microbatch (and, on a rank
+holding several stages, its stage) where it fits, no label spills out of its block, and the
+legend is in the figure."""
+
+import matplotlib
+
+matplotlib.use("agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import pytest  # noqa: E402
+
+from ppbook import simulate, timeline  # noqa: E402
+from ppbook.timeline import Event  # noqa: E402
+
+
+def drawn_labels(ax) -> list[str]:
+    """The texts drawn inside blocks (after the figure is drawn: labels choose at draw time)."""
+    return [t.get_text() for t in ax.texts if getattr(t, "fits", False)]
+
+
+def legend_texts(fig) -> list[str]:
+    return [t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()]
+
+
+@pytest.fixture(autouse=True)
+def close_figures():
+    yield
+    plt.close("all")
+
+
+def test_gpipe_blocks_name_their_microbatches_and_the_legend_is_in_the_figure():
+    events = simulate.simulate(simulate.gpipe_order(2, 3), {"F": 1.0, "B": 2.0})
+    fig, ax = plt.subplots(figsize=(8, 2))
+    timeline.plot(events, ax=ax, time_unit="s")
+    fig.canvas.draw()
+    assert sorted(drawn_labels(ax)) == sorted(f"{k}{i}" for k in "FB" for i in range(3) for _ in range(2))
+    legend = legend_texts(fig)
+    assert any(t.startswith("F:") for t in legend) and any(t.startswith("B:") for t in legend)
+    assert not any(t.startswith(("I:", "W:")) for t in legend)  # only the kinds drawn
+    assert any("idle" in t for t in legend)
+
+
+def test_v_schedule_blocks_name_their_stage_and_later_chunks_are_tinted():
+    events = simulate.simulate(simulate.torch_order("ZBVZeroBubble", 2, 2), {"F": 1.0, "I": 1.0, "W": 1.0})
+    fig, ax = plt.subplots(figsize=(14, 2.5))
+    timeline.plot(events, ax=ax, time_unit="s")
+    fig.canvas.draw()
+    # wide blocks: torch's notation, stage, kind and microbatch, for every action
+    assert sorted(drawn_labels(ax)) == sorted(e.label for e in events)
+    assert {e.stage for e in events} == {0, 1, 2, 3}  # rank 0 holds stages 0 and 3, rank 1 stages 1 and 2
+    assert any("later stage" in t for t in legend_texts(fig))
+    colours = {(e.rank, e.stage): bar.get_facecolor() for e, bar in zip(events, ax.patches)}
+    assert colours[(0, 0)] != colours[(0, 3)]
+
+
+def test_narrow_blocks_fall_back_to_the_microbatch_and_tiny_ones_stay_bare():
+    events = simulate.simulate(simulate.torch_order("Interleaved1F1B", 2, 4), {"F": 1.0, "B": 2.0})
+    fig, ax = plt.subplots(figsize=(3.5, 1.6))
+    timeline.plot(events, ax=ax, time_unit="s")
+    fig.canvas.draw()
+    shown = drawn_labels(ax)
+    assert shown and all(t.isdigit() for t in shown)  # one level for the panel: the microbatch alone
+    # a block 1/1000 of the step wide holds no label; the others around it keep theirs
+    tiny = [Event(0, 0, "F", 0, 0.0, 1.0), Event(0, 0, "F", 1, 1.0, 1.001), Event(0, 0, "B", 0, 1.001, 3.0)]
+    fig2, ax2 = plt.subplots(figsize=(6, 1.2))
+    timeline.plot(tiny, ax=ax2, time_unit="s")
+    fig2.canvas.draw()
+    assert "F1" not in drawn_labels(ax2) and "1" not in drawn_labels(ax2)
+    assert {"F0", "B0"} <= set(drawn_labels(ax2))
+
+
+@pytest.mark.parametrize("size", [(8, 2), (3, 1), (1.5, 0.8)])
+def test_no_label_spills_out_of_its_block(size):
+    events = simulate.simulate(simulate.torch_order("Interleaved1F1B", 2, 4), {"F": 1.0, "B": 2.0})
+    fig, ax = plt.subplots(figsize=size)
+    timeline.plot(events, ax=ax, time_unit="s")
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    for text in ax.texts:
+        if text.fits:
+            inner, outer = text.get_window_extent(renderer), text.bar.get_window_extent(renderer)
+            assert outer.x0 <= inner.x0 and inner.x1 <= outer.x1, text.get_text()
+            assert outer.y0 <= inner.y0 and inner.y1 <= outer.y1, text.get_text()
+
+
+def test_one_legend_for_a_figure_of_several_timelines_and_labels_can_be_left_out():
+    fig, axes = plt.subplots(2, 1, figsize=(8, 3), sharex=True)
+    timeline.plot(simulate.simulate(simulate.gpipe_order(2, 2), {"F": 1.0, "B": 2.0}), ax=axes[0], time_unit="s")
+    timeline.plot(simulate.simulate(simulate.torch_order("ZBVZeroBubble", 2, 2), {"F": 1.0, "I": 1.0, "W": 1.0}),
+                  ax=axes[1], time_unit="s", labels=False)
+    fig.canvas.draw()
+    assert [ax.get_legend() is not None for ax in axes] == [True, False]  # beside the top panel
+    legend = legend_texts(fig)
+    assert {t.split(":")[0] for t in legend} >= {"F", "B", "I", "W"}  # the kinds of both panels
+    assert drawn_labels(axes[0]) and not axes[1].texts
+    assert not timeline.cut_bars(fig)
