@@ -220,6 +220,7 @@ def _block_label_class():
     from matplotlib.text import Text
 
     class BlockLabel(Text):
+        extents: dict = {}  # (renderer, scale, text, size) -> (width, height) in pixels
         def __init__(self, bar, candidates, **kwargs):
             super().__init__(0, 0, candidates[0], ha="center", va="center", **kwargs)
             self.bar, self.candidates, self.fits = bar, candidates, True
@@ -229,8 +230,12 @@ def _block_label_class():
             pad = 1.5 * renderer.points_to_pixels(1.0)
             self.set_text(text)
             self.set_fontsize(size)
-            own = super().get_window_extent(renderer)
-            return own.width <= box.width - pad and own.height <= box.height - pad
+            key = (id(renderer), renderer.points_to_pixels(1.0), text, size)  # same text, same extent
+            if key not in BlockLabel.extents:
+                own = super().get_window_extent(renderer)
+                BlockLabel.extents[key] = (own.width, own.height)
+            width, height = BlockLabel.extents[key]
+            return width <= box.width - pad and height <= box.height - pad
 
         def draw(self, renderer):
             ax = self.axes
