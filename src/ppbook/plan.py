@@ -25,7 +25,7 @@ import sys
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from ppbook.planner import hardware, memory, schedules, search, shapes
+from ppbook.planner import calibration, hardware, memory, schedules, search, shapes
 from ppbook.planner.costs import MEASURED_GPU
 
 GB = memory.GB
@@ -294,6 +294,7 @@ def header(req: search.Request, ranked: list[search.Prediction] | None = None) -
              f"{req.gpus} x {req.gpu.name} ({req.gpu.memory_gb:g} GB, {req.gpu.bf16_tflops:g} TFLOP/s bf16), "
              f"{req.gpus_per_node} per node; links {req.intra.name} / {req.inter.name}",
              f"batch {req.global_batch} x {req.seq_len} tokens; usable memory {req.usable_bytes / GB:.1f} GB per GPU",
+             "times printed: " + calibration.band_for(req.gpu.name).describe(),
              "action times: " + times]
     return lines
 
@@ -307,18 +308,76 @@ def efficiencies(req: search.Request) -> str:
             f"(hidden size {h}; fitted lines in log2(h / 4096))")
 
 
-def table(ranked: list[search.Prediction], top: int) -> list[str]:
+def _band(req: search.Request | None) -> calibration.Band:
+    """The band a request's times carry (its GPU's family; the pooled runs' without a request)."""
+    return calibration.band_for(req.gpu.name if req is not None else "")
+
+
+def _sig(x: float, digits: int = 2) -> str:
+    """``x`` to ``digits`` significant figures (at least the units), for times whose band is wide."""
+    if x == 0 or not math.isfinite(x):
+        return f"{x:g}"
+    decimals = max(0, digits - 1 - math.floor(math.log10(abs(x))))
+    return f"{round(x, decimals):.{decimals}f}"
+
+
+def step_text(step_s: float, band: calibration.Band) -> str:
+    """A predicted step time, calibrated, with its band: '69 s per step (58 to 84 s)'."""
+    centre, short, long = band.step(step_s)
+    return f"{_sig(centre)} s per step ({_sig(short)} to {_sig(long)} s)"
+
+
+def throughput_text(pred: search.Prediction, band: calibration.Band) -> str:
+    """Tokens per second per GPU and MFU, calibrated, with their band."""
+    centre, low, high = band.throughput(pred.tokens_per_s_per_gpu)
+    mfu = pred.mfu / band.factor
+    return (f"{_sig(centre)} tokens/s per GPU ({_sig(low)} to {_sig(high)}), "
+            f"{100 * mfu:.0f}% MFU ({100 * mfu * low / centre:.0f} to {100 * mfu * high / centre:.0f}%)")
+
+
+def table(ranked: list[search.Prediction], top: int, req: search.Request | None = None) -> list[str]:
+    """The ranked layouts; step time, throughput and MFU calibrated (:mod:`ppbook.planner.calibration`),
+    each step time with its band."""
+    band = _band(req)
     experts = any(o.layout.ep > 1 for o in ranked[:top])  # an ep column only where expert parallelism is used
     rows = [f"{'':>3} {'tp':>2} {'pp':>3} {'v':>2} {'dp':>4} " + (f"{'ep':>3} " if experts else "") +
             f"{'sharding':>8} {'schedule':>21} {'balance':>7} {'b':>2} {'m':>5} "
-            f"{'recompute':>9} {'step s':>8} {'tok/s/GPU':>9} {'MFU':>5} {'bubble':>6} {'GB/GPU':>6}"]
+            f"{'recompute':>9} {'step s':>7} {'band s':>11} {'tok/s/GPU':>9} {'MFU':>5} {'bubble':>6} {'GB/GPU':>6}"]
     for i, o in enumerate(ranked[:top], 1):
         c = o.layout
+        centre, short, long = band.step(o.step_s)
+        tps = band.throughput(o.tokens_per_s_per_gpu)[0]
         rows.append(f"{i:>3} {c.tp:>2} {c.p:>3} {c.v:>2} {c.dp:>4} " + (f"{c.ep:>3} " if experts else "") +
                     f"{c.sharding:>8} {c.schedule:>21} {c.balance if c.p > 1 else '':>7} {c.b:>2} "
-                    f"{c.m:>5} {c.recompute:>9} {o.step_s:>8.2f} {o.tokens_per_s_per_gpu:>9.0f} "
-                    f"{100 * o.mfu:>4.0f}% {100 * o.bubble:>5.1f}% {o.peak_gb:>6.1f}")
+                    f"{c.m:>5} {c.recompute:>9} {_sig(centre, 3):>7} {_sig(short) + '-' + _sig(long):>11} "
+                    f"{tps:>9.0f} {100 * o.mfu / band.factor:>4.0f}% {100 * o.bubble:>5.1f}% {o.peak_gb:>6.1f}")
     return rows
+
+
+def comfortable(ranked: list[search.Prediction], req: search.Request) -> search.Prediction | None:
+    """The fastest layout whose fullest GPU leaves at least :data:`calibration.THIN_MARGIN` of the
+    usable memory free: among the ranked ones, or searched again with that much more headroom."""
+    for o in ranked:
+        if not calibration.thin(o.peak_bytes, req.usable_bytes):
+            return o
+    roomy = replace(req, headroom=1 - (1 - req.headroom) * (1 - calibration.THIN_MARGIN))
+    found = search.plan(roomy)[0]
+    return search.predict(found[0].layout, req) if found else None
+
+
+def margin_text(ranked: list[search.Prediction], req: search.Request) -> str | None:
+    """A sentence when the winner's margin is thin, naming the fastest layout with a comfortable one."""
+    if not ranked or not calibration.thin(ranked[0].peak_bytes, req.usable_bytes):
+        return None
+    win = ranked[0]
+    free = 100 * (1 - win.peak_bytes / req.usable_bytes)
+    text = (f"thin margin: the winner leaves {free:.1f}% of the usable memory free, under the "
+            f"{100 * calibration.THIN_MARGIN:.0f}% the planner's memory model needs to be trusted with")
+    roomy = comfortable(ranked, req)
+    if roomy is None:
+        return text + "; no layout leaves more"
+    return (text + f"; the fastest layout with a comfortable margin is {roomy.layout.label()}, {roomy.peak_gb:.1f} GB, "
+            f"{100 * (roomy.step_s / win.step_s - 1):.1f}% longer")
 
 
 def breakdown(pred: search.Prediction, req: search.Request) -> list[str]:
@@ -336,14 +395,16 @@ def breakdown(pred: search.Prediction, req: search.Request) -> list[str]:
     return rows
 
 
-def why_winner(ranked: list[search.Prediction]) -> str:
-    """One sentence: the winner, and how much longer the runner-up and the best of another kind take."""
+def why_winner(ranked: list[search.Prediction], req: search.Request | None = None) -> str:
+    """One sentence: the winner (its time and throughput calibrated, with their band), and how much
+    longer the runner-up and the best of another kind take; with ``req``, a second sentence when
+    its memory margin is thin (:func:`margin_text`)."""
     if not ranked:
         return "nothing fits: see the closest layout's memory below"
-    win = ranked[0]
-    parts = [f"{win.layout.label()} is predicted fastest: {win.step_s:.2f} s per step, "
-             f"{win.tokens_per_s_per_gpu:.0f} tokens/s per GPU ({100 * win.mfu:.0f}% MFU), bubble "
-             f"{100 * win.bubble:.1f}%, {win.dp_exposed_s:.2f} s of data-parallel traffic not hidden, "
+    win, band = ranked[0], _band(req)
+    parts = [f"{win.layout.label()} is predicted fastest: {step_text(win.step_s, band)}, "
+             f"{throughput_text(win, band)}, bubble "
+             f"{100 * win.bubble:.1f}%, {_sig(band.step(win.dp_exposed_s)[0])} s of data-parallel traffic not hidden, "
              f"{win.peak_gb:.1f} GB on the fullest GPU"]
     if len(ranked) > 1:
         r = ranked[1]
@@ -352,7 +413,8 @@ def why_winner(ranked: list[search.Prediction]) -> str:
     if other is not None:
         kind = "layout without a pipeline" if other.layout.p == 1 else "pipelined layout"
         parts.append(f"the best {kind} ({other.layout.label()}) {100 * (other.step_s / win.step_s - 1):.1f}% longer")
-    return "; ".join(parts) + "."
+    margin = margin_text(ranked, req) if req is not None else None
+    return "; ".join(parts) + "." + (f"\n{margin}." if margin else "")
 
 
 TERMS = ("computation", "recomputation", "bubble and hand-offs", "data-parallel traffic not hidden", "optimizer step")
@@ -391,13 +453,16 @@ def explain(layout: search.Layout, req: search.Request, ranked: list[search.Pred
     mine = step_terms(pred, req)
     win = ranked[0] if ranked else None
     theirs = step_terms(win, req) if win is not None else None
-    lines.append(f"  {pred.step_s:.2f} s per step: pipeline {pred.pipeline_s:.2f} s (bubble {100 * pred.bubble:.1f}%), "
-                 f"data-parallel traffic not hidden {pred.dp_exposed_s:.2f} s, optimizer {pred.optimizer_s:.2f} s")
-    header = f"  {'seconds per step, on the GPU that finishes last':<48} {'this layout':>11}"
+    band = _band(req)
+    k = band.factor  # every part calibrated alike; the band is the total's
+    lines.append(f"  {step_text(pred.step_s, band)}: pipeline {pred.pipeline_s * k:.2f} s (bubble "
+                 f"{100 * pred.bubble:.1f}%), data-parallel traffic not hidden {pred.dp_exposed_s * k:.2f} s, optimizer "
+                 f"{pred.optimizer_s * k:.2f} s; {throughput_text(pred, band)}")
+    header = f"  {'seconds per step (calibrated), on the GPU that finishes last':<60} {'this layout':>11}"
     lines.append(header + (f" {'winner':>8} {'difference':>10}" if theirs else ""))
     for term in TERMS:
-        row = f"  {term:<48} {mine[term]:>11.2f}"
-        lines.append(row + (f" {theirs[term]:>8.2f} {mine[term] - theirs[term]:>+10.2f}" if theirs else ""))
+        row = f"  {term:<60} {k * mine[term]:>11.2f}"
+        lines.append(row + (f" {k * theirs[term]:>8.2f} {k * (mine[term] - theirs[term]):>+10.2f}" if theirs else ""))
     if win is None:
         return lines
     if win.layout == layout:
@@ -406,7 +471,7 @@ def explain(layout: search.Layout, req: search.Request, ranked: list[search.Pred
     slower = 100 * (pred.step_s / win.step_s - 1)
     term = max(TERMS, key=lambda k: mine[k] - theirs[k]) if slower >= 0 else min(TERMS, key=lambda k: mine[k] - theirs[k])
     verdict = (f"  {abs(slower):.1f}% {'slower' if slower >= 0 else 'faster'} than the winner ({win.layout.label()}), "
-               f"most of the difference in {term} ({mine[term] - theirs[term]:+.2f} s)")
+               f"most of the difference in {term} ({k * (mine[term] - theirs[term]):+.2f} s)")
     if not fits:
         theirs_mem = max(win.memory, key=lambda r: r.total)
         tip = max(search.MEMORY_KINDS, key=lambda k: kinds[k] - getattr(theirs_mem, k))
@@ -559,13 +624,13 @@ def main(argv=None) -> int:
         return 2
     ranked, dropped = search.plan(req)
     print("\n".join(header(req, ranked)))
-    print("\n".join(table(ranked, args.top)))
+    print("\n".join(table(ranked, args.top, req)))
     if ranked:
         print(f"{len(ranked)} layouts ranked, {len(dropped)} dropped (--why says why); the others cannot come "
               f"within {100 * search.SLACK:.0f}% of the winner (their busiest GPU's computation alone takes longer)")
     else:
         print(f"{len(dropped)} layouts dropped (--why says why)")
-    print(why_winner(ranked))
+    print(why_winner(ranked, req))
     if ranked:
         print("memory per GPU of the winner, GB:")
         print("\n".join(breakdown(ranked[0], req)))
@@ -592,7 +657,8 @@ def main(argv=None) -> int:
                         "intra": asdict(req.intra), "inter": asdict(req.inter)},
             "ranked": [search.prediction_json(o) for o in ranked],
             "dropped": [search.prediction_json(o) for o in dropped],
-            "winner_reason": why_winner(ranked),
+            "winner_reason": why_winner(ranked, req),
+            "calibration": asdict(calibration.band_for(req.gpu.name)),
             **({"layout": layout_json(named, req)} if named is not None else {})}, indent=1, default=float))
     return 0 if ranked else 1
 

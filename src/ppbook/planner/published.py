@@ -186,11 +186,10 @@ class Comparison:
         return "above" if self.memory_error > 0 else "below"
 
 
-def compare(row: dict, data: dict | None = None, unconstrained: bool = False) -> Comparison:
-    """The run asked again (see the module docstring); with ``unconstrained``, also what the
-    planner would choose with every option (slower: a much larger search)."""
-    data = data or load()
-    req = request(row, data)
+def published_predictions(row: dict, data: dict, req: search.Request | None = None) -> list[search.Prediction]:
+    """Every completion of the published layout, predicted (and timed even where it does not
+    fit; ``why_not`` says why it does not)."""
+    req = req or request(row, data)
     preds = []
     for layout in published_layouts(row, req):
         reason = search.predict(layout, req).why_not
@@ -199,10 +198,29 @@ def compare(row: dict, data: dict | None = None, unconstrained: bool = False) ->
         preds.append(pred)
     if not preds:
         raise ValueError(f"{row['id']}: no layout matches the published one; check runs.json")
-    # where the source leaves the microbatch size or the stages per rank open, its authors are
-    # granted the completion predicted fastest among those that fit (they tuned it; the chapter
-    # reports what the slowest would give)
-    best = min(preds, key=lambda o: (o.why_not is not None, o.step_s))
+    return preds
+
+
+def best_completion(preds: list[search.Prediction]) -> search.Prediction:
+    """Where the source leaves the microbatch size or the stages per rank open, its authors are
+    granted the completion predicted fastest among those that fit (they tuned it; the chapter
+    reports what the slowest would give)."""
+    return min(preds, key=lambda o: (o.why_not is not None, o.step_s))
+
+
+def published_prediction(row: dict, data: dict | None = None) -> search.Prediction:
+    """The published layout as predicted (:func:`best_completion`), without searching."""
+    data = data or load()
+    return best_completion(published_predictions(row, data))
+
+
+def compare(row: dict, data: dict | None = None, unconstrained: bool = False) -> Comparison:
+    """The run asked again (see the module docstring); with ``unconstrained``, also what the
+    planner would choose with every option (slower: a much larger search)."""
+    data = data or load()
+    req = request(row, data)
+    preds = published_predictions(row, data, req)
+    best = best_completion(preds)
     fit = [o.step_s for o in preds if o.why_not is None]
     ranked, _ = search.plan(req)
     free = search.plan(request(row, data, constrained=False))[0] if unconstrained else []
