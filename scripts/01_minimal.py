@@ -9,9 +9,9 @@ CPU, one process and one stage (the same program, the reference the pipeline mus
 GPUs, two stages, one GPU per process (NCCL):
     torchrun --standalone --nproc-per-node 2 scripts/01_minimal.py --device cuda
 
-torchrun starts the processes and gives each one its RANK, WORLD_SIZE and LOCAL_RANK; the
-script reads them, joins the process group, keeps its stage of the model and trains it. The
-last stage prints the loss of every step; ``--json PATH`` writes the losses and every parameter
+Each process torchrun starts finds its RANK, WORLD_SIZE and LOCAL_RANK in its environment; it
+reads them, joins the process group, keeps its stage of the model and trains it. The last
+stage prints the loss of every step; ``--json PATH`` writes the losses and every parameter
 after training (rank 0 gathers them), which tests/test_minimal_pipeline.py compares with one
 process.
 """
