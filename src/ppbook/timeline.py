@@ -278,17 +278,14 @@ def plot(events: list[Event], ax=None, title: str | None = None, labels: bool = 
     t0, t1 = span(events)
     ranks = sorted({e.rank for e in events})
     chunk = _chunk_of(events)
-    texts = block_labels(events) if labels else {}
-    BlockLabel = _block_label_class()
+    bars = []
     for e in events:
         x, w = (e.start - t0) * scale, e.duration * scale
-        later = chunk[(e.rank, e.stage)] > 0
-        colour = _tint(KIND_COLOURS[e.kind], _LATER_CHUNK_TINT) if later else KIND_COLOURS[e.kind]
-        (bar,) = ax.barh(e.rank, w, left=x, height=0.8, color=colour, edgecolor="white", linewidth=0.5)
-        if labels:
-            label = BlockLabel(bar, texts[e], color="#222222" if later else "white", clip_on=True)
-            label.set_in_layout(False)  # it fits inside its block: it never widens the figure
-            ax.add_artist(label)
+        (bar,) = ax.barh(e.rank, w, left=x, height=0.8, color=block_colour(e, chunk), edgecolor="white",
+                         linewidth=0.5)
+        bars.append(bar)
+    if labels:
+        label_blocks(ax, bars, events)
     ax.set_yticks(ranks, [f"rank {r}" for r in ranks])
     ax.set_ylim(max(ranks) + 0.6, min(ranks) - 0.6)
     # Axes made with sharex=True share one x-limit: setting it to this timeline's span would cut
@@ -302,13 +299,34 @@ def plot(events: list[Event], ax=None, title: str | None = None, labels: bool = 
     ax._ppbook_chunked = len(chunk) > len(ranks)
     ax._ppbook_labelled = labels
     if legend:
-        _figure_legend(ax.figure)
+        figure_legend(ax.figure)
     return ax
 
 
-def _figure_legend(fig) -> None:
+def block_colour(e: Event, chunk: dict[tuple[int, int], int]):
+    """The colour of ``e``'s block: its kind's, lighter on a rank's later stages (``chunk`` as
+    :func:`_chunk_of` gives it)."""
+    later = chunk[(e.rank, e.stage)] > 0
+    return _tint(KIND_COLOURS[e.kind], _LATER_CHUNK_TINT) if later else KIND_COLOURS[e.kind]
+
+
+def label_blocks(ax, bars, events: list[Event]) -> None:
+    """Label each of ``bars`` (drawn for ``events``, in the same order) with its microbatch, as
+    :func:`plot` does: for any chart whose bars are a timeline's actions (chapter 13 draws
+    overlapped pairs in half rows). The labels choose what fits when the figure is drawn."""
+    texts, chunk = block_labels(events), _chunk_of(events)
+    BlockLabel = _block_label_class()
+    for e, bar in zip(events, bars, strict=True):
+        label = BlockLabel(bar, texts[e], color="#222222" if chunk[(e.rank, e.stage)] > 0 else "white", clip_on=True)
+        label.set_in_layout(False)  # it fits inside its block: it never widens the figure
+        ax.add_artist(label)
+
+
+def figure_legend(fig) -> None:
     """One legend for every timeline of ``fig``: the kinds drawn, the tint of later chunks where a
-    rank holds several stages, and idle time; beside the top-right timeline, outside its axes."""
+    rank holds several stages, and idle time; beside the top-right timeline, outside its axes.
+    :func:`plot` calls it; a chart drawn otherwise sets ``ax._ppbook_kinds`` (the kinds drawn),
+    ``ax._ppbook_chunked`` and ``ax._ppbook_labelled`` on its axes and calls it too."""
     from matplotlib.patches import Patch
 
     drawn = [a for a in fig.axes if hasattr(a, "_ppbook_kinds")]
