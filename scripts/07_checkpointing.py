@@ -15,14 +15,19 @@ restarted ranks resume from the newest complete checkpoint:
     (the same with PPBOOK_KILL=1:5 in the environment; PPBOOK_KILL=1:4:save kills rank 1 during the
     save after step 4, before the commit)
 Hugging Face in and out (needs safetensors): start from a Llama folder saved by transformers (its
-shape comes from its config.json; each rank reads only its own tensors), and write the last
-checkpoint as a folder that LlamaForCausalLM.from_pretrained loads:
+shape comes from its config.json; each rank reads only its own tensors), and write the trained
+model as a folder that LlamaForCausalLM.from_pretrained loads, each rank its own stage's file:
     torchrun --standalone --nproc-per-node 2 scripts/07_checkpointing.py --from-hf hf-in --steps 4 \\
         --save-dir ckpt-llama --save-every 4 --to-hf hf-out --check
     (hf-in from save_pretrained, or `hf download TinyLlama/TinyLlama-1.1B-Chat-v1.0 --local-dir hf-in`
-    with --seq-len 128; the book's own Llama from the seed instead: --model llama). A folder whose
-    head is tied to its embedding (tie_word_embeddings) stays tied: the first and last stages hold
-    a copy each and add their gradients every step, and --to-hf writes it tied.
+    with --seq-len 128; the book's own Llama from the seed instead: --model llama). Loads: Llama 1
+    and 2, TinyLlama, Llama 3.0, and Llama 3.1, 3.2 and 3.3 (rope_type "llama3"); other rotary
+    scalings and other architectures are refused in one line. A folder whose head is tied to its
+    embedding (tie_word_embeddings, as Llama 3.2 1B and 3B) stays tied: the first and last stages
+    hold a copy each and add their gradients every step, and --to-hf writes it tied. Memory: with
+    --check every rank also trains the whole model in one process (weights, gradients, two Adam
+    moments: 16 bytes a parameter in float32, about 18 GB for TinyLlama's 1.1B parameters); leave
+    --check out on a large model.
 GPUs (NCCL): add --device cuda.
 
 ``--check`` trains the full model in one process from step 0 on every rank and fails unless this
@@ -97,9 +102,8 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
         if args.seq_len > cfg.max_seq_len:
             raise ValueError(f"--seq-len {args.seq_len} exceeds the {cfg.max_seq_len} positions of {args.from_hf}")
     cli.validate_common(args, world_size)
-    if args.to_hf and (args.model != "llama" or not args.save_every or args.steps % args.save_every):
-        raise ValueError("--to-hf writes the last step's checkpoint of a Llama: add --model llama (or --from-hf) "
-                         "and a --save-every that divides --steps")
+    if args.to_hf and args.model != "llama":
+        raise ValueError("--to-hf writes a Llama as a Hugging Face folder: add --model llama (or --from-hf)")
     if args.save_every < 0 or args.keep < 1 or args.lr_warmup < 0 or args.lr_horizon < 1:
         raise ValueError(f"--save-every must be at least 0, --keep and --lr-horizon at least 1, --lr-warmup at least 0; "
                          f"got {args.save_every}, {args.keep}, {args.lr_horizon}, {args.lr_warmup}")
@@ -265,6 +269,9 @@ def body(args: argparse.Namespace, info) -> int:
             log(f"saved {path} (newest {args.keep} kept)")
         # [end-save]
 
+    if args.to_hf:  # every rank writes its own stage's file, in parallel: nothing is gathered
+        rope = hf.read_rope(args.from_hf) if args.from_hf else None  # a Llama 3.1's scaling stays
+        hf.save_stages(model, llama_config(args), args.to_hf, tied=args.hf_tied, rope=rope)
     mine = {"digest": ckpt.digest(model, optimizer), "rng": torch.rand(1).item(), "losses": losses}
     everyone = ppdist.gather_to_rank0(mine) if staged else [mine]
     ok = None
@@ -277,9 +284,8 @@ def body(args: argparse.Namespace, info) -> int:
             ok = all(flags)
     if info.rank != 0:
         return 0 if ok in (None, True) else 1
-    if args.to_hf:  # one process reads every rank's files: the whole model, once, for inference
-        hf.export(ckpt.step_dir(args.save_dir, args.steps), args.to_hf, llama_config(args), tied=args.hf_tied)
-        print(f"wrote {args.to_hf}: step {args.steps} as Hugging Face safetensors and config.json"
+    if args.to_hf:
+        print(f"wrote {args.to_hf}: step {args.steps} as Hugging Face safetensors, one file per stage, and config.json"
               + (" (head tied to the embedding)" if args.hf_tied else ""))
     merged = {k: v for e in everyone for k, v in e["digest"].items()}
     if ok is not None:

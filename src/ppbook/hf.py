@@ -23,9 +23,10 @@ reader already has.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 import re
-import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +34,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from ppbook.models import Llama, LlamaConfig, rope_tables
+from ppbook.models import Llama, LlamaConfig
 from ppbook.stages import assign_layers, stage_module
 
 #: (book name, Hugging Face name) of every tensor; ``{i}`` is a layer number.
@@ -54,11 +55,30 @@ NAMES = [
 WEIGHTS, INDEX, CONFIG = "model.safetensors", "model.safetensors.index.json", "config.json"
 
 #: Largest logit difference accepted between the book's Llama and transformers' on the same
-#: weights. The two round differently, not more: transformers computes its rotary angles in
-#: float32 (the book in float64, then rounds) and its RMSNorm in float32 whatever the model's
-#: dtype, and orders a few sums differently. Both agree to a few float32 rounding units on logits
-#: of order one (about 2e-7 measured); float64 cannot do better, because of that float32 norm.
+#: weights, for the book's small random models (width 64, at most 32 positions, transformers'
+#: initialisation). :func:`load_stage` computes the rotary tables as transformers does (float32,
+#: the same operations: :func:`hf_rope_tables`), so what remains is rounding: a few sums run in
+#: another order, and transformers' RMSNorm runs in float32 whatever the model's dtype.
 TOLERANCE = 1e-5
+
+#: Rounding grows with the model (depth, sequence length, sharper attention), so for any other
+#: model the yardstick is transformers' own rounding: its float32 logits against its float64
+#: logits on the same weights. The book's may differ from transformers' by this many times that
+#: (:func:`rounding_bound`; measured at 0.5 to 1.3 times at head size 128 and 2048 positions).
+ROUNDING_FACTOR = 4
+
+#: The rotary embeddings the book's Llama loads: plain (Llama 1 and 2, TinyLlama, Llama 3.0) and
+#: Llama 3.1's frequency scaling (``"llama3"``: Llama 3.1, 3.2 and 3.3).
+ROPE_TYPES = ("default", "llama3")
+_LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+
+
+def rounding_bound(theirs: torch.Tensor, theirs64: torch.Tensor) -> float:
+    """The largest logit difference accepted between the book's Llama and transformers' float32
+    logits ``theirs``: :data:`ROUNDING_FACTOR` times their distance from transformers' float64
+    logits ``theirs64`` on the same tokens and weights, and never below :data:`TOLERANCE`."""
+    own = (theirs.double() - theirs64.double()).abs().max().item()
+    return max(TOLERANCE, ROUNDING_FACTOR * own)
 
 
 def require_libraries() -> None:
@@ -125,32 +145,51 @@ def tensor_to_hf(name: str, t: torch.Tensor, cfg: LlamaConfig) -> tuple[str, tor
 
 
 # --- config.json ----------------------------------------------------------------------------
-def config_to_hf(cfg: LlamaConfig, dtype: torch.dtype = torch.float32, tied: bool = False) -> dict:
+def config_to_hf(cfg: LlamaConfig, dtype: torch.dtype = torch.float32, tied: bool = False,
+                 rope: dict | None = None) -> dict:
     """The ``config.json`` of a ``LlamaForCausalLM`` that computes what the book's Llama does
-    (``tied``: its output head is its embedding matrix, stored once)."""
+    (``tied``: its output head is its embedding matrix, stored once; ``rope``: the rotary
+    parameters of the folder it came from, :func:`read_rope`, so that a Llama 3.1 stays one)."""
+    scaling = None if rope is None or rope["rope_type"] == "default" else \
+        {k: v for k, v in rope.items() if k != "rope_theta"}
     return {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama",
         "vocab_size": cfg.vocab_size, "hidden_size": cfg.dim, "intermediate_size": cfg.ffn_hidden_dim,
         "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads,
         "num_key_value_heads": cfg.n_kv_heads, "head_dim": cfg.dim // cfg.n_heads,
         "max_position_embeddings": cfg.max_seq_len, "rms_norm_eps": cfg.norm_eps,
-        "rope_theta": cfg.rope_theta, "rope_scaling": None, "hidden_act": "silu",
+        "rope_theta": cfg.rope_theta, "rope_scaling": scaling, "hidden_act": "silu",
         "attention_bias": False, "mlp_bias": False, "attention_dropout": 0.0,
         "tie_word_embeddings": tied, "use_cache": True,
         "dtype": str(dtype).removeprefix("torch."),
     }
 
 
+def rope_params(d: dict) -> dict:
+    """The rotary parameters of a Hugging Face ``config.json`` as transformers 5 holds them
+    (``rope_parameters``: ``rope_type``, ``rope_theta`` and the type's own keys); older files
+    write ``rope_theta`` apart and the scaling as ``rope_scaling`` (``type`` in the oldest)."""
+    rope = dict(d.get("rope_parameters") or d.get("rope_scaling") or {})
+    rope["rope_type"] = rope.pop("rope_type", rope.pop("type", "default"))
+    rope["rope_theta"] = float(rope.get("rope_theta", d.get("rope_theta", 10000.0)))
+    return rope
+
+
 def config_from_hf(d: dict) -> tuple[LlamaConfig, bool]:
     """The book's config of a Hugging Face Llama ``config.json`` and whether its output head is
-    tied to the embedding; a ``ValueError`` naming what the book's Llama does not implement."""
+    tied to the embedding; a ``ValueError`` naming what the book's Llama does not implement.
+    A Llama 3.1's scaled rotary frequencies are not in :class:`LlamaConfig`: :func:`load_stage`
+    computes the tables from the folder (:func:`read_rope`, :func:`hf_rope_tables`)."""
     if d.get("model_type") != "llama":
         raise ValueError(f"config.json has model_type {d.get('model_type')!r}; the book's Llama loads 'llama' only")
-    rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
-    kind = rope.get("rope_type", rope.get("type", "default"))
+    rope = rope_params(d)
+    kind = rope["rope_type"]
+    missing = [k for k in _LLAMA3_KEYS if k not in rope] if kind == "llama3" else []
     dim, heads = d["hidden_size"], d["num_attention_heads"]
     problems = [
-        f"rope_type {kind!r} (the book's Llama has plain rotary embeddings)" if kind != "default" else "",
+        f"rope_type {kind!r} (the book's Llama loads {' and '.join(map(repr, ROPE_TYPES))})"
+        if kind not in ROPE_TYPES else "",
+        f"rope_type 'llama3' without {', '.join(missing)}" if missing else "",
         f"hidden_act {d.get('hidden_act')!r} (SwiGLU uses silu)" if d.get("hidden_act", "silu") != "silu" else "",
         "biases (attention_bias or mlp_bias)" if d.get("attention_bias") or d.get("mlp_bias") else "",
         f"head_dim {d['head_dim']} != hidden_size / num_attention_heads"
@@ -162,17 +201,48 @@ def config_from_hf(d: dict) -> tuple[LlamaConfig, bool]:
     cfg = LlamaConfig(vocab_size=d["vocab_size"], dim=dim, n_layers=d["num_hidden_layers"], n_heads=heads,
                       n_kv_heads=d.get("num_key_value_heads") or heads, ffn_hidden_dim=d["intermediate_size"],
                       max_seq_len=d["max_position_embeddings"], norm_eps=d.get("rms_norm_eps", 1e-6),
-                      rope_theta=float(rope.get("rope_theta", d.get("rope_theta", 10000.0))))
+                      rope_theta=rope["rope_theta"])
     return cfg, bool(d.get("tie_word_embeddings", False))
 
 
-def read_config(folder: str | Path) -> tuple[LlamaConfig, bool]:
-    """:func:`config_from_hf` of ``folder/config.json``."""
+def _config_json(folder: str | Path) -> dict:
     path = Path(folder) / CONFIG
     if not path.is_file():
         raise ValueError(f"{folder} has no {CONFIG}: pass a folder saved by save_pretrained or downloaded "
                          f"from the Hugging Face Hub (with its *.safetensors)")
-    return config_from_hf(json.loads(path.read_text()))
+    return json.loads(path.read_text())
+
+
+def read_config(folder: str | Path) -> tuple[LlamaConfig, bool]:
+    """:func:`config_from_hf` of ``folder/config.json``."""
+    return config_from_hf(_config_json(folder))
+
+
+def read_rope(folder: str | Path) -> dict:
+    """:func:`rope_params` of ``folder/config.json``."""
+    return rope_params(_config_json(folder))
+
+
+# [start-hf-rope]
+def hf_rope_tables(rope: dict, head_dim: int, max_seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin (max_seq_len, head_dim/2) as transformers computes them, in float32 and with
+    the same operations, so that the two agree to the bit at every position (the book's own
+    tables, :func:`ppbook.models.rope_tables`, are float64 angles rounded once, and drift from
+    these by about 1e-6 at 32 positions, 1e-4 at 2048). ``"llama3"``: Llama 3.1's scaling
+    (transformers' ``_compute_llama3_parameters``): wavelengths longer than the original context
+    divided by ``factor``, short ones kept, the band between interpolated."""
+    inv_freq = 1.0 / (rope["rope_theta"] ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+    if rope["rope_type"] == "llama3":
+        factor, low, high = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
+        context = rope["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv_freq  # (hd/2,) positions per turn
+        scaled = torch.where(wavelen > context / low, inv_freq / factor, inv_freq)
+        smooth = (context / wavelen - low) / (high - low)  # 0 at the long end of the band, 1 at the short
+        between = ~(wavelen < context / high) * ~(wavelen > context / low)
+        inv_freq = torch.where(between, (1 - smooth) * scaled / factor + smooth * scaled, scaled)
+    angles = torch.arange(max_seq_len, dtype=torch.float)[:, None] * inv_freq  # (T, hd/2)
+    return angles.cos(), angles.sin()
+# [end-hf-rope]
 
 
 def read_folder(folder: str | Path) -> tuple[LlamaConfig, bool]:
@@ -331,43 +401,89 @@ def load_stage(folder: str | Path, stage_index: int = 0, num_stages: int = 1,
                     t, heads = f.get_tensor(hf_name), _heads(name, cfg)
                     state[name] = rope_from_hf(t, heads) if heads else t
     model.load_state_dict(state, strict=True)
-    cos, sin = rope_tables(cfg.dim // cfg.n_heads, cfg.max_seq_len, cfg.rope_theta)
-    model.rope_cos.copy_(cos)  # to_empty left the rotary tables empty
+    # to_empty left the rotary tables empty: fill them as transformers does
+    head_dim = cfg.dim // cfg.n_heads
+    cos, sin = hf_rope_tables(read_rope(folder), head_dim, cfg.max_seq_len)
+    model.rope_cos.copy_(cos)
     model.rope_sin.copy_(sin)
     return model.to(dtype).to(device)
 # [end-load]
 
 
 # --- weights out ----------------------------------------------------------------------------
+_TIED_DIFFER = "tied=True, but the head differs from the embedding: were the two copies' gradients added each step?"
+
+
+def _to_hf_tensors(state_dict, cfg: LlamaConfig, dtype, tied: bool) -> dict[str, torch.Tensor]:
+    """The book's tensors under transformers' names and rotary rows, in ``dtype``; a tied head
+    is left out (stored once, as the embedding)."""
+    return {hf_name: t.to(dtype or t.dtype).contiguous()
+            for hf_name, t in (tensor_to_hf(name, t.detach(), cfg) for name, t in state_dict.items()
+                               if not (tied and name == "output.weight"))}
+
+
 def save(state_dict: dict[str, torch.Tensor], cfg: LlamaConfig, folder: str | Path,
-         dtype: torch.dtype | None = None, tied: bool = False) -> Path:
-    """Write the book's full-model ``state_dict`` as a Hugging Face folder:
-    model.safetensors (transformers' names and rotary rows) and config.json.
-    ``tied``: the head equals the embedding and is stored once, as
-    transformers stores a tied model."""
+         dtype: torch.dtype | None = None, tied: bool = False, rope: dict | None = None) -> Path:
+    """Write the book's full-model ``state_dict`` as a Hugging Face folder, in one process:
+    model.safetensors (transformers' names and rotary rows) and config.json. ``tied``: the head
+    equals the embedding and is stored once, as transformers stores a tied model; ``rope``: the
+    rotary parameters of the folder the model came from (:func:`read_rope`)."""
     from safetensors.torch import save_file
 
     missing = sorted(set(full_names(cfg)) - set(state_dict))
     if missing:
-        raise ValueError(f"the state dict lacks {len(missing)} tensors of the "
-                         f"full model (e.g. {missing[0]}): pass a model's, "
-                         f"not a stage's")
-    state_dict = dict(state_dict)
-    if tied:  # the two copies trained as one matrix: equal to the last bit
-        head = state_dict.pop("output.weight")
-        if not torch.equal(head, state_dict["tok_embeddings.weight"]):
-            raise ValueError("tied=True, but the head differs from the embedding: "
-                             "were the two copies' gradients added each step?")
-    out = {}
-    for name, t in state_dict.items():
-        hf_name, t = tensor_to_hf(name, t.detach().cpu(), cfg)
-        out[hf_name] = t.to(dtype or t.dtype).contiguous()
+        raise ValueError(f"the state dict lacks {len(missing)} tensors of the full model (e.g. {missing[0]}): "
+                         f"pass a model's, not a stage's (save_stages writes one file per stage)")
+    if tied and not torch.equal(state_dict["output.weight"], state_dict["tok_embeddings.weight"]):
+        raise ValueError(_TIED_DIFFER)  # the two copies trained as one matrix: equal to the last bit
+    out = {n: t.cpu() for n, t in _to_hf_tensors(state_dict, cfg, dtype, tied).items()}
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     save_file(out, folder / WEIGHTS, metadata={"format": "pt"})  # as transformers saves
-    config = config_to_hf(cfg, dtype or next(iter(out.values())).dtype, tied)
+    config = config_to_hf(cfg, dtype or next(iter(out.values())).dtype, tied, rope)
     (folder / CONFIG).write_text(json.dumps(config, indent=1))
     return folder
+
+
+def _fingerprint(t: torch.Tensor) -> str:
+    return hashlib.sha256(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
+
+
+# [start-save-stages]
+def save_stages(stage: nn.Module, cfg: LlamaConfig, folder: str | Path,
+                dtype: torch.dtype | None = None, tied: bool = False,
+                rope: dict | None = None) -> Path:
+    """Every rank writes its own stage as one safetensors file of a Hugging
+    Face folder, in parallel (torch's HuggingFaceStorageWriter under
+    dcp.save): file r+1 of p holds rank r's tensors, and rank 0 writes the
+    index naming each tensor's file and config.json. Nothing is gathered, no
+    optimizer state is read: each rank needs only its stage's memory. Call
+    it on every rank (it is a collective); without a process group the
+    stage is the whole model, in one file."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import HuggingFaceStorageWriter
+
+    state = _to_hf_tensors(stage.state_dict(), cfg, dtype, tied)
+    copies = {n: _fingerprint(t) for n, t in stage.state_dict().items()
+              if tied and n in ("tok_embeddings.weight", "output.weight")}
+    everyone = [(sorted(state), copies)]  # which tensors each rank writes
+    if dist.is_initialized():
+        everyone = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, (sorted(state), copies))  # comm
+    if tied and len({f for _, c in everyone for f in c.values()}) != 1:
+        raise ValueError(_TIED_DIFFER)  # on every rank: each saw the same fingerprints
+    file_of = {name: r + 1 for r, (names, _) in enumerate(everyone) for name in names}
+    folder = Path(folder)
+    if not dist.is_initialized() or dist.get_rank() == 0:  # before dcp.save returns anywhere
+        folder.mkdir(parents=True, exist_ok=True)
+        dtype = dtype or next(iter(state.values())).dtype
+        config = config_to_hf(cfg, dtype, tied, rope)
+        (folder / CONFIG).write_text(json.dumps(config, indent=1))
+    writer = HuggingFaceStorageWriter(str(folder), fqn_to_index_mapping=file_of)
+    dcp.save(state, storage_writer=writer)
+    return folder
+# [end-save-stages]
 
 
 def full_names(cfg: LlamaConfig) -> list[str]:
@@ -376,15 +492,22 @@ def full_names(cfg: LlamaConfig) -> list[str]:
 
 
 def export(checkpoint: str | Path, folder: str | Path, cfg: LlamaConfig,
-           dtype: torch.dtype | None = None, tied: bool = False) -> Path:
-    """A pipeline's DCP checkpoint (any number of stages) as a Hugging
-    Face folder that ``LlamaForCausalLM.from_pretrained`` loads; in one
-    process, like :func:`ppbook.checkpoint.export`."""
+           dtype: torch.dtype | None = None, tied: bool = False, rope: dict | None = None) -> Path:
+    """A pipeline's DCP checkpoint (any number of stages) as a Hugging Face folder that
+    ``LlamaForCausalLM.from_pretrained`` loads, in one process. It reads the model's tensors
+    only (not the optimizer's two Adam moments, twice the model's size), but all of them: one
+    process holds the whole model once. Too large for that, write the folder from the stages
+    themselves (:func:`save_stages`, as chapter 7's ``--to-hf`` does)."""
+    import torch.distributed.checkpoint as dcp
+
     from ppbook import checkpoint as ckpt
 
-    with tempfile.TemporaryDirectory(prefix="ppbook-hf-") as tmp:
-        single = ckpt.export(checkpoint, Path(tmp) / "model.pt")
-        return save(torch.load(single, weights_only=True), cfg, folder, dtype, tied)
+    ckpt.verify(checkpoint)
+    with torch.device("meta"):
+        model = Llama(cfg)
+    state = {"model": model.to_empty(device="cpu").state_dict()}  # the checkpoint's "model.*" keys
+    dcp.load(state, checkpoint_id=str(checkpoint), no_dist=True)  # in place, tensor by tensor
+    return save(state["model"], cfg, folder, dtype, tied, rope)
 
 
 # --- a transformers model as a chain --------------------------------------------------------
