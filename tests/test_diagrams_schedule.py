@@ -41,7 +41,9 @@ def test_figure_shows_the_schedules_actions(name):
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
     kinds = {a.kind for acts in order.values() for a in acts}
     assert [schedule.KIND_NAMES[k] for k in "FBIW" if k in kinds] == legend[:len(kinds)]
-    assert (len(legend) > len(kinds)) == (name not in ("GPipe", "1F1B")), "the shade of later stages is explained"
+    assert ("lighter: the rank's later stage (chunk)" in legend) == (name not in ("GPipe", "1F1B")), \
+        "the shade of later stages is explained"
+    assert legend[-1] == "white: idle (bubble)"
     plt.close(fig)
 
 

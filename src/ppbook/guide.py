@@ -62,22 +62,26 @@ class Option:
 
 
 def options(inp: Inputs) -> list[Option]:
-    """Every schedule of ``inp.schedules`` that can run ``inp.p`` and ``inp.m``, fitting ones first,
-    each group fastest first."""
+    """Every schedule of ``inp.schedules`` that can run ``inp.p`` and ``inp.m``, fitting
+    ones first, each group fastest first."""
     out = []
     for name in inp.schedules:
         if schedules.schedule_problem(name, inp.p, inp.m, inp.v):
             continue  # torch refuses this p and m
-        n = schedules.stages_per_rank(name, inp.v)
+        n = schedules.stages_per_rank(name, inp.v)  # a chunk is 1/n of a rank's share
         order = schedules.order(name, inp.p, inp.m, inp.v)
-        chunk = {"F": inp.f / n, "I": inp.i / n, "W": inp.w / n, "B": (inp.i + inp.w) / n}
-        events = simulate(order, chunk, latency=inp.latency)
-        stages = inp.p * n
-        held = search.rank_saved_bytes(name, inp.p, inp.m, inp.v, [inp.activation / n] * stages,
-                                       [inp.residual / n] * stages)
-        held[schedules.stage_to_rank(name, inp.p, inp.v)[stages - 1]] += inp.head  # V: rank 0, which holds the most
+        f, i, w = inp.f / n, inp.i / n, inp.w / n
+        costs = {"F": f, "I": i, "W": w, "B": i + w}
+        events = simulate(order, costs, latency=inp.latency)
         step = max(e.end for e in events) - min(e.start for e in events)
-        out.append(Option(name, step, max(held), messages(order), max(held) <= inp.budget))
+        # per rank: microbatches in flight x activation, plus split ones' remainder
+        stages = inp.p * n
+        per_mb, rest = [inp.activation / n] * stages, [inp.residual / n] * stages
+        held = search.rank_saved_bytes(name, inp.p, inp.m, inp.v, per_mb, rest)
+        last = schedules.stage_to_rank(name, inp.p, inp.v)[stages - 1]
+        held[last] += inp.head  # the loss; the V-shaped schedules put it on rank 0
+        peak = max(held)
+        out.append(Option(name, step, peak, messages(order), peak <= inp.budget))
     return sorted(out, key=lambda o: (not o.fits, o.key()))
 
 

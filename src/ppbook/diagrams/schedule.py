@@ -22,7 +22,8 @@ Where the blocks go along the row:
   (the same simulator with unit costs), so the rows line up as the data flow allows.
 
 Colours: forward (F), full backward (B = I + W), input-gradient pass (I), weight-gradient pass (W),
-the same as :data:`ppbook.timeline.KIND_COLOURS`. The legend is drawn in the figure. On schedules
+the same as :data:`ppbook.timeline.KIND_COLOURS`, and the legend's words are the timelines'. The
+legend is drawn in the figure. On schedules
 where a rank holds several stages (looped and V-shaped), each block is labelled
 ``microbatch`` over ``s<stage>`` and a rank's later chunks are drawn in a lighter shade.
 
@@ -40,11 +41,11 @@ from dataclasses import dataclass
 from ppbook.planner.schedules import Action
 from ppbook.planner.simulate import simulate
 from ppbook.timeline import KIND_COLOURS
+from ppbook.timeline import KIND_NAMES as _NAMES
 
-KIND_NAMES = {"F": "F: forward", "B": "B: full backward (I + W)", "I": "I: input-gradient pass",
-              "W": "W: weight-gradient pass"}
+KIND_NAMES = {k: f"{k}: {name}" for k, name in _NAMES.items()}  # the legend's words, as the timelines'
 _TORCH_KINDS = {"FORWARD": "F", "FULL_BACKWARD": "B", "BACKWARD_INPUT": "I", "BACKWARD_WEIGHT": "W"}
-LIGHTER = 0.45  # how far a rank's later chunks are mixed towards white
+LIGHTER = 0.45  # how far a rank's later chunks are mixed towards white (as in ppbook.timeline)
 
 
 @dataclass(frozen=True)
@@ -119,7 +120,8 @@ def legend_handles(kinds, multi: bool = False) -> list:
 
     handles = [Patch(facecolor=colour(k), label=KIND_NAMES[k]) for k in "FBIW" if k in set(kinds)]
     if multi:
-        handles.append(Patch(facecolor=colour("F", 1), label="lighter: a rank's later stage"))
+        handles.append(Patch(facecolor=colour("F", 1), label="lighter: the rank's later stage (chunk)"))
+    handles.append(Patch(facecolor="white", edgecolor="#999999", label="white: idle (bubble)"))
     return handles
 
 
@@ -144,7 +146,7 @@ def draw(order, ax=None, costs=None, latency: float = 0.0, title: str | None = N
     ax.set_ylim(max(ranks) + 0.6, min(ranks) - 0.6)
     ax._ppbook_drawn_end = max(b.end for b in drawn)
     ax.set_xlim(0, max(getattr(a, "_ppbook_drawn_end", 0.0) for a in ax.get_shared_x_axes().get_siblings(ax)))
-    ax.set_xlabel(xlabel or ("time" if costs is not None else "step"))
+    ax.set_xlabel(xlabel if xlabel is not None else ("time" if costs is not None else "step"))
     if title:
         ax.set_title(title, fontsize=10, loc="left")
     if legend:
