@@ -8,6 +8,8 @@ parallelisms), never from hand-typed coordinates:
   gradients back, microbatches numbered (chapters 1 and 2).
 - :mod:`ppbook.diagrams.parallelism`: data, tensor and pipeline parallelism side by side on one
   model (chapter 0).
+- :mod:`ppbook.diagrams.split`: a model's chain of units cut into stages, by hand and by the
+  tracer (chapter 4).
 - :mod:`ppbook.diagrams.schedule`: a schedule's order per rank, microbatches (and chunks) numbered
   inside the blocks (chapters 3 and 5).
 """
