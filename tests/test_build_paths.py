@@ -59,6 +59,7 @@ def test_hide_in_notebook_cleans_every_text_output_and_leaves_code_and_images():
     assert cell.source == code
 
 
+@pytest.mark.book  # starts a kernel: not among the pure tests of make test-fast
 def test_the_build_executor_hides_paths(tmp_path):
     """``build_book.execute`` (what ``make book`` and ``run_page.py`` run) hides them in a real
     traceback: a failing call into the installed torch, from a page outside the repository."""
