@@ -74,7 +74,7 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
 
 # [start-program]
 class Model(nn.Module):
-    """Embedding, layers in a ModuleDict, norm, head; forward skips a part set to None."""
+    """Embedding, layers (a ModuleDict), norm, head; forward skips what is None."""
 
     def __init__(self, vocab: int, dim: int, heads: int, n_layers: int):
         super().__init__()
@@ -88,7 +88,8 @@ class Model(nn.Module):
     def forward(self, h):                                 # (B, T) ids or (B, T, C)
         if self.embed is not None:
             h = self.embed(h)                             # (B, T, C)
-        causal = nn.Transformer.generate_square_subsequent_mask(h.shape[1], device=h.device)
+        T = h.shape[1]
+        causal = nn.Transformer.generate_square_subsequent_mask(T, device=h.device)
         for layer in self.layers.values():
             h = layer(h, src_mask=causal, is_causal=True)  # (B, T, C)
         if self.norm is not None:
@@ -106,7 +107,7 @@ def cut(model: Model, stage: int, num_stages: int) -> Model:
     if stage != 0:
         model.embed = None                                # only stage 0 embeds tokens
     if stage != num_stages - 1:
-        model.norm = model.head = None                    # only the last stage has the head
+        model.norm = model.head = None                    # the last stage has the head
     return model
 
 
@@ -117,7 +118,7 @@ def loss_fn(logits, targets):                             # (B/m, T, vocab), (B/
 def train(args: argparse.Namespace) -> None:
     # === who am I: torchrun gives every process these three ===
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local_rank = int(os.environ["LOCAL_RANK"])            # this process's index on its node
+    local_rank = int(os.environ["LOCAL_RANK"])            # its index on this machine
     if args.device == "cuda":
         device = torch.device("cuda", local_rank)         # one GPU per process
         torch.cuda.set_device(device)
@@ -129,7 +130,8 @@ def train(args: argparse.Namespace) -> None:
     torch.manual_seed(args.seed)
     full = Model(args.vocab, args.dim, args.heads, args.layers)
     stage_mod = cut(full, rank, world_size).to(device)
-    stage = PipelineStage(stage_mod, stage_index=rank, num_stages=world_size, device=device)
+    stage = PipelineStage(stage_mod, stage_index=rank, num_stages=world_size,
+                          device=device)
     schedule = ScheduleGPipe(stage, n_microbatches=args.microbatches, loss_fn=loss_fn)
     opt = torch.optim.AdamW(stage_mod.parameters(), lr=args.lr)
     # === one batch, the same on every rank: tokens and the tokens that follow them ===
@@ -140,10 +142,10 @@ def train(args: argparse.Namespace) -> None:
     losses = []
     for step in range(args.steps):
         opt.zero_grad()
-        mb_losses = []                                    # one per microbatch, last stage
+        mb_losses = []                                    # filled by the last stage
         inputs = (x,) if rank == 0 else ()                # the batch enters at stage 0
-        target = y if rank == world_size - 1 else None    # the loss is taken at the last
-        schedule.step(*inputs, target=target, losses=mb_losses)  # F and B of m microbatches
+        target = y if rank == world_size - 1 else None    # the loss at the last
+        schedule.step(*inputs, target=target, losses=mb_losses)  # m F's and m B's
         opt.step()                                        # each rank updates its stage
         if mb_losses:
             losses.append(torch.stack(mb_losses).mean().item())

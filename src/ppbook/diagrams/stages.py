@@ -81,7 +81,7 @@ def pipeline_figure(stages: list[list[str]], microbatches: int = 1, ax=None):
     width = x0 + p * w + (p - 1) * gap + 1.6
     fig = None
     if ax is None:
-        fig, ax = plt.subplots(figsize=(1.0 + 1.45 * width, 0.9 + 1.25 * max(h, 0.3 * microbatches + 0.6)))
+        fig, ax = plt.subplots(figsize=(0.85 * width, 0.85 * (h + 0.45) + 0.2))
     mid = h / 2
     # the batch, cut into numbered microbatches (all enter device 0, one after another)
     size = min(0.3, (h - 0.2) / microbatches)
@@ -127,14 +127,14 @@ def naive_figure(stages: list[list[str]], ax=None):
     if p < 1:
         raise ValueError("need at least one stage")
     moments = naive_moments(p)
-    w, gap, row = 2.0, 0.5, 0.55
+    w, gap, row = 2.25, 0.4, 0.55
     h = 0.55 + 0.2 * max(len(s) for s in stages)
     x0 = 1.2
     width = x0 + p * w + (p - 1) * gap + 0.2
     height = h + 0.3 + row * len(moments)
     fig = None
     if ax is None:
-        fig, ax = plt.subplots(figsize=(1.2 * width, 1.2 * height + 0.4))
+        fig, ax = plt.subplots(figsize=(0.8 * width, 0.8 * height + 0.5))
     for r, parts in enumerate(stages):
         _device_box(ax, x0 + r * (w + gap), 0, w, h, r, parts)
     centres = []
