@@ -22,6 +22,7 @@ $(STAMP): requirements.txt requirements-reader.txt pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(if $(TORCH_INDEX),$(BIN)/python -m pip install --quiet "$(TORCH_PIN)" --index-url $(TORCH_INDEX))
 	$(BIN)/python -m pip install --quiet -r requirements.txt -e .
+	$(BIN)/python -m pip install --quiet --no-deps torchtitan==0.3.0 spmd_types==0.2.3 megatron-core==0.16.1
 	touch $(STAMP)
 
 # Executes every chapter from an empty cache (jupyter-cache keys on code cells only, so a

@@ -399,7 +399,8 @@ def test_expert_parallelism_from_the_command_line(capsys):
     assert status == 0 and "--expert-model-parallel-size 8" in out, out
     assert "layout tp=1 DualPipeV p=2 v=2 dp=8 ep=8 zero1" in out
     status, out = in_process(args[:-4] + ["--export", "torchtitan"], capsys)
-    assert "expert_parallel_degree = 8" in out and " ep " in next(x for x in out.splitlines() if " sharding " in x), out
+    assert "--parallelism.expert_parallel_degree 8" in out and " ep " in next(
+        x for x in out.splitlines() if " sharding " in x), out
 
 
 def test_a_hugging_face_config_that_is_not_json_is_one_line(tmp_path, capsys):
@@ -432,7 +433,8 @@ def test_a_named_layout_is_explained_and_the_winner_exported(capsys):
     assert status == 0 and "layout tp=8 no pipeline dp=1 zero1" in out and "than the winner" in out
     assert "--tensor-model-parallel-size" in out and "--global-batch-size 128" in out
     status, out = in_process(with_change(["--export", "torchtitan"]), capsys)
-    assert status == 0 and "[parallelism]" in out and "pipeline_parallel_degree" in out
+    assert status == 0 and "-m torchtitan.train --module llama3 --config llama3_8b" in out
+    assert "--parallelism.pipeline_parallel_degree" in out
 
 
 def test_cli_runs_as_a_reader_runs_it(tmp_path):
@@ -518,65 +520,7 @@ def test_only_torchs_stages_keep_receive_buffers():
 
 # --- exports a practitioner pastes -------------------------------------------------------------------------------
 
-def shell_words(text: str) -> list[str]:
-    """The arguments of an exported Megatron-LM command line as bash reads them, pasted after the
-    notes (the ``#`` lines printed above it)."""
-    block = "\n".join(line for line in text.splitlines() if not line.startswith("#"))
-    r = subprocess.run(["bash", "-c", 'eval "set -- $1"; printf "%s\\n" "$@"', "_", block], capture_output=True,
-                       text=True, timeout=30, check=True)
-    return r.stdout.splitlines()
-
-
-@pytest.mark.parametrize("layout", [
-    search.Layout(4, 4, 4, "Interleaved1F1B", 2, 1, 32, "zero1", "selective", "ends"),
-    search.Layout(8, 2, 4, "1F1B", 1, 2, 16, "fsdp", "full"),
-    search.Layout(2, 1, 32, search.NO_PIPELINE, 1, 2, 2, "none", "none"),
-])
-def test_megatron_export_reads_back_as_the_layout(layout):
-    req = request("llama3-70b", 64, 128)
-    text = plan.export(search.predict(layout, req, check_memory=False), req, "megatron")
-    words = shell_words(text)
-    flags = {w: words[i + 1] if i + 1 < len(words) and not words[i + 1].startswith("--") else True
-             for i, w in enumerate(words) if w.startswith("--")}
-    assert flags["--tensor-model-parallel-size"] == str(layout.tp)
-    assert flags["--pipeline-model-parallel-size"] == str(layout.p)
-    assert flags["--micro-batch-size"] == str(layout.b) and flags["--global-batch-size"] == "128"
-    assert flags.get("--num-virtual-stages-per-pipeline-rank", "1") == str(layout.num_stages // layout.p)
-    assert ("--use-distributed-optimizer" in flags) == (layout.sharding != "none")
-    assert flags.get("--data-parallel-sharding-strategy") == {"fsdp": "optim_grads_params"}.get(layout.sharding)
-    assert ("--sequence-parallel" in flags) == (layout.tp > 1)
-    assert flags.get("--recompute-granularity") == {"none": None}.get(layout.recompute, layout.recompute)
-    if layout.balance == "ends":
-        layers = [len(x) for x in search.layers_of(layout, req)]
-        assert (flags["--decoder-first-pipeline-num-layers"], flags["--decoder-last-pipeline-num-layers"]) == \
-            (str(layers[0]), str(layers[-1]))
-
-
-@pytest.mark.parametrize("layout", [
-    search.Layout(4, 4, 4, "Interleaved1F1B", 2, 1, 32, "fsdp", "selective", "ends"),
-    search.Layout(2, 1, 32, search.NO_PIPELINE, 1, 2, 2, "fsdp", "full"),
-])
-def test_torchtitan_export_reads_back_as_the_layout(layout):
-    import tomllib
-
-    req = request("llama3-70b", 64, 128)
-    conf = tomllib.loads(plan.export(search.predict(layout, req, check_memory=False), req, "torchtitan"))
-    par = conf["parallelism"]
-    assert (par["tensor_parallel_degree"], par["pipeline_parallel_degree"], par["data_parallel_shard_degree"]) == \
-        (layout.tp, layout.p, layout.dp)
-    assert conf["activation_checkpoint"]["mode"] == layout.recompute
-    # the batch torchtitan takes per replica: the pipeline's microbatches, or one accumulation step
-    local = conf["training"]["local_batch_size"]
-    assert local == (layout.b * layout.m if layout.p > 1 else layout.b)
-    assert conf["training"]["global_batch_size"] // (local * layout.dp) == (1 if layout.p > 1 else layout.m)
-    if layout.p > 1:
-        assert par["pipeline_parallel_schedule"] == layout.schedule
-        assert par["pipeline_parallel_microbatch_size"] == layout.b
-        first, last = search.end_weights(req)
-        units = req.model.layers + first + last
-        assert -(-units // par["pipeline_parallel_layers_per_stage"]) == layout.num_stages
-        assert (par["pipeline_parallel_first_stage_less_layers"], par["pipeline_parallel_last_stage_less_layers"]) == \
-            (first, last)
+# the exports read back by the engines' own config code: tests/test_plan_export.py
 
 
 def test_a_winner_the_framework_cannot_run_is_named_and_its_best_runnable_layout_exported(capsys):

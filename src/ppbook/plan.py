@@ -4,7 +4,9 @@ Introduced in "Choosing a pipeline". A thin command line over the torch-free pla
 (:mod:`ppbook.planner.search`): it reads the request (a preset model or a Hugging Face
 ``config.json``, a GPU preset or your own numbers, links, GPUs, batch), prints the ranked layouts,
 the winner's memory per GPU by kind and why it wins, and, on request, explains a layout you name
-(``--layout``) and writes the winner as a torchtitan TOML fragment or Megatron-LM arguments.
+(``--layout``) and writes the winner as a torchtitan 0.3.0 job (``torchrun ... -m torchtitan.train
+--module ... --config ...`` and its overrides) or Megatron-LM arguments (``--export``); every time it
+prints is calibrated against published runs and carries its band (:mod:`ppbook.planner.calibration`).
 
     python -m ppbook.plan --model llama3-8b --gpu h100-sxm --gpus 8 --global-batch 64 --seq-len 8192
     python -m ppbook.plan --model llama3-70b --gpus 64 --global-batch 1024 --seq-len 8192 --export torchtitan
@@ -123,7 +125,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--layout", default=None,
                    help='explain one layout, e.g. "tp=8 pp=8 dp=1 schedule=1F1B v=1 b=1 sharding=zero1 '
                         'recompute=full balance=even"')
-    g.add_argument("--export", choices=["torchtitan", "megatron"], default=None, help="write the winner as config")
+    g.add_argument("--export", choices=["torchtitan", "megatron"], default=None,
+                   help="write the winner (or the fastest layout the framework runs) as a torchtitan 0.3.0 job or "
+                        "Megatron-LM arguments")
     g.add_argument("--json", default=None, help="write the request and every outcome to this path")
     return p.parse_args(argv)
 
@@ -489,13 +493,27 @@ def layout_json(layout: search.Layout, req: search.Request) -> dict:
             "timeline": [[e.rank, e.stage, e.kind, e.microbatch, e.start, e.end] for e in events]}
 
 
-# What each framework can run, for --export: torchtitan runs torch's schedules and shards with FSDP2
-# (or replicates); Megatron-LM runs 1F1B and interleaved 1F1B, and shards with its distributed optimizer
-# (ZeRO-1) or Megatron-Core's Megatron-FSDP (gradients too: optim_grads; weights too: optim_grads_params).
+# What each framework can run, for --export: torchtitan 0.3.0 runs torch's schedules and shards with FSDP2
+# (or replicates), with full, op-level selective (the planner's "selective") or no checkpointing; Megatron-LM
+# runs 1F1B and interleaved 1F1B, and shards with its distributed optimizer (ZeRO-1) or Megatron-Core's
+# Megatron-FSDP (gradients too: optim_grads; weights too: optim_grads_params). Megatron's "selective"
+# recomputes core attention only (recompute_modules=["core_attn"]), which keeps about twice the activations
+# the planner counts for op-level selective checkpointing: it is refused, not mapped.
 FRAMEWORKS = {
-    "torchtitan": {"schedules": (search.NO_PIPELINE, *schedules.TORCH_SCHEDULES), "shardings": ("none", "fsdp")},
-    "megatron": {"schedules": (search.NO_PIPELINE, "1F1B", "Interleaved1F1B"), "shardings": memory.SHARDING},
+    "torchtitan": {"schedules": (search.NO_PIPELINE, *schedules.TORCH_SCHEDULES), "shardings": ("none", "fsdp"),
+                   "recomputes": memory.RECOMPUTE},
+    "megatron": {"schedules": (search.NO_PIPELINE, "1F1B", "Interleaved1F1B"), "shardings": memory.SHARDING,
+                 "recomputes": ("none", "full")},
 }
+TORCHTITAN_VERSION = "0.3.0"
+# torchtitan 0.3.0's config registry entries for the planner's presets: (--module, --config, model flavour)
+TORCHTITAN_REGISTRY = {
+    "llama3-8b": ("llama3", "llama3_8b", "8B"),
+    "llama3-70b": ("llama3", "llama3_70b", "70B"),
+    "llama3-405b": ("llama3", "llama3_405b", "405B"),
+    "deepseek-v3": ("deepseek_v3", "deepseek_v3_671b", "671B"),
+}
+MEGATRON_CORE_VERSION = "0.16.1"
 MEGATRON_SHARDING = {
     "none": [],
     "zero1": ["--use-distributed-optimizer"],
@@ -506,13 +524,27 @@ MEGATRON_SHARDING = {
 }
 
 
-def runs_on(layout: search.Layout, kind: str) -> str | None:
-    """Why framework ``kind`` cannot run ``layout``; ``None`` if it can."""
+def runs_on(layout: search.Layout, kind: str, req: search.Request | None = None) -> str | None:
+    """Why framework ``kind`` cannot run ``layout`` (as the engine itself would refuse it, or as its
+    nearest option would hold other memory than the planner counts); ``None`` if it can. With
+    ``req``, also whether its layers split over the stages as the framework splits them."""
     fw = FRAMEWORKS[kind]
     if layout.schedule not in fw["schedules"]:
         return f"{kind} runs no {layout.schedule} schedule"
     if layout.sharding not in fw["shardings"]:
         return f"{kind} has no {layout.sharding} sharding"
+    if layout.recompute not in fw["recomputes"]:
+        return (f"{kind}'s selective recomputation (core attention only, by default) keeps about twice the "
+                "activations of the op-level policy the planner counts")
+    if kind == "megatron" and layout.p > 1:
+        if layout.balance == "ends" and layout.num_stages > layout.p:
+            return "Megatron-LM lightens the first and last pipeline ranks, not stages, under interleaving"
+        if req is not None:
+            layers = [len(x) for x in search.layers_of(layout, req)]
+            middle = layers[1:-1] if layout.balance == "ends" else layers
+            if len(set(middle)) > 1:
+                return (f"Megatron-LM splits the {'middle ' if layout.balance == 'ends' else ''}layers evenly over "
+                        f"the stages, and {sum(middle)} do not split over {len(middle)}")
     return None
 
 
@@ -522,59 +554,81 @@ def exportable(ranked: list[search.Prediction], req: search.Request, kind: str) 
     if not ranked:
         return None, ""
     win = ranked[0]
-    problem = runs_on(win.layout, kind)
+    problem = runs_on(win.layout, kind, req)
     if problem is None:
         return win, ""
-    fw = FRAMEWORKS[kind]
-    best = next((o for o in ranked if runs_on(o.layout, kind) is None), None)
-    if best is None:
-        narrowed = search.with_layout(req, schedules=tuple(s for s in req.schedules if s in fw["schedules"]),
-                                      shardings=tuple(x for x in req.shardings if x in fw["shardings"]))
-        best = next(iter(search.plan(narrowed)[0]), None)
+    best = best_for(ranked, req, kind)
     if best is None:
         return None, f"the winner cannot be exported: {problem}, and nothing {kind} runs fits"
     return best, (f"the winner cannot be exported: {problem}; the fastest layout it runs is {best.layout.label()}, "
                   f"{100 * (best.step_s / win.step_s - 1):.1f}% slower")
 
 
-def export(pred: search.Prediction, req: search.Request, kind: str) -> str:
-    """A layout ``kind`` runs (:func:`runs_on`) as a torchtitan TOML fragment or Megatron-LM
-    command-line arguments; notes are comment lines of their own, before the arguments."""
+def best_for(ranked: list[search.Prediction], req: search.Request, kind: str) -> search.Prediction | None:
+    """The fastest layout framework ``kind`` runs: among the ranked, or searched again within its options."""
+    best = next((o for o in ranked if runs_on(o.layout, kind, req) is None), None)
+    if best is None:
+        fw = FRAMEWORKS[kind]
+        narrowed = search.with_layout(req, schedules=tuple(s for s in req.schedules if s in fw["schedules"]),
+                                      shardings=tuple(x for x in req.shardings if x in fw["shardings"]),
+                                      recomputes=tuple(x for x in req.recomputes if x in fw["recomputes"]))
+        best = next((o for o in search.plan(narrowed)[0] if runs_on(o.layout, kind, req) is None), None)
+    return best
+
+
+def _torchrun(req: search.Request) -> str:
+    nodes = -(-req.gpus // req.gpus_per_node)
+    per_node = min(req.gpus, req.gpus_per_node)
+    rdzv = " --rdzv-backend c10d --rdzv-endpoint $HEAD_NODE:29500" if nodes > 1 else ""
+    return f"torchrun --nnodes {nodes} --nproc-per-node {per_node}{rdzv}"
+
+
+def torchtitan_args(pred: search.Prediction, req: search.Request) -> tuple[list[str], list[str]]:
+    """torchtitan 0.3.0's command-line overrides for a layout (after ``--module``/``--config``), and notes."""
     c = pred.layout
-    problem = runs_on(c, kind)
-    if problem:
-        raise ValueError(f"--export {kind}: {problem} ({c.label()})")
     first_less, last_less = search.end_weights(req) if c.balance == "ends" and c.p > 1 else (0, 0)
+    notes: list[str] = []
+    args = [f"--parallelism.data_parallel_replicate_degree {c.dp if c.sharding == 'none' else 1}",
+            f"--parallelism.data_parallel_shard_degree {c.dp if c.sharding == 'fsdp' else 1}",
+            f"--parallelism.fsdp_reshard_after_forward {req.fsdp_reshard}",
+            f"--parallelism.tensor_parallel_degree {c.tp}"]
+    if c.tp > 1:
+        args.append("--parallelism.enable_sequence_parallel" if req.sequence_parallel
+                    else "--parallelism.no-enable_sequence_parallel")
+    args.append(f"--parallelism.pipeline_parallel_degree {c.p}")
+    if c.ep > 1:
+        args.append(f"--parallelism.expert_parallel_degree {c.ep}")
+    if c.p > 1:
+        args += [f"--parallelism.pipeline_parallel_schedule {c.schedule}",
+                 f"--parallelism.pipeline_parallel_microbatch_size {c.b}",
+                 f"--parallelism.pipeline_parallel_first_stage_less_layers {first_less}",
+                 f"--parallelism.pipeline_parallel_last_stage_less_layers {last_less}"]
+        default_v = 1 if schedules.placement(c.schedule) == "single" else 2
+        if c.num_stages // c.p != default_v:  # torchtitan cuts ceil((layers + less) / layers_per_stage) stages
+            units = req.model.layers + first_less + last_less
+            per_stage = -(-units // c.num_stages)
+            args.append(f"--parallelism.pipeline_parallel_layers_per_stage {per_stage}")
+            if -(-units // per_stage) != c.num_stages:
+                notes.append(f"torchtitan cuts {units} layer units into {-(-units // per_stage)} stages at "
+                             f"{per_stage} per stage, not {c.num_stages}; list the stages' modules in "
+                             "--parallelism.module_fqns_per_model_part")
+        args.append("--training.disable_cuda_graphs")  # torchtitan 0.3.0 refuses CUDA graphs under a pipeline
+        if c.schedule == "DualPipeV":
+            notes.append("torchtitan 0.3.0 registers no function for DualPipeV's overlapped pairs: torch runs each "
+                         "pair's forward and backward one after the other")
+    # a pipeline cuts the local batch into microbatches; without one torchtitan accumulates
+    # gradients over global / (local x dp) batches of b sequences
+    args += [f"--training.local_batch_size {c.b * c.m if c.p > 1 else c.b}",
+             f"--training.global_batch_size {req.global_batch}", f"--training.seq_len {req.seq_len}"]
+    args.append("activation-checkpoint:" + c.recompute)  # tyro's subcommand: SelectiveAC (op-level), FullAC, none
+    return args, notes
+
+
+def megatron_args(pred: search.Prediction, req: search.Request) -> tuple[list[str], list[str]]:
+    """Megatron-LM's command-line arguments for a layout (megatron-core 0.16.1's names), and notes."""
+    c = pred.layout
     layers = [len(x) for x in search.layers_of(c, req)]
     notes: list[str] = []
-    if kind == "torchtitan":
-        ac = {"none": "none", "selective": "selective", "full": "full"}[c.recompute]
-        lines = ["[parallelism]", f"data_parallel_replicate_degree = {c.dp if c.sharding == 'none' else 1}",
-                 f"data_parallel_shard_degree = {c.dp if c.sharding == 'fsdp' else 1}",
-                 f"fsdp_reshard_after_forward = \"{req.fsdp_reshard}\"", f"tensor_parallel_degree = {c.tp}",
-                 f"pipeline_parallel_degree = {c.p}"]
-        if c.ep > 1:
-            lines.append(f"expert_parallel_degree = {c.ep}")
-        if c.p > 1:
-            lines += [f"pipeline_parallel_schedule = \"{c.schedule}\"", f"pipeline_parallel_microbatch_size = {c.b}",
-                      f"pipeline_parallel_first_stage_less_layers = {first_less}",
-                      f"pipeline_parallel_last_stage_less_layers = {last_less}"]
-            if c.num_stages > c.p:  # torchtitan cuts ceil((layers + less) / layers_per_stage) stages
-                units = req.model.layers + first_less + last_less
-                per_stage = -(-units // c.num_stages)
-                lines.append(f"pipeline_parallel_layers_per_stage = {per_stage}")
-                if -(-units // per_stage) != c.num_stages:
-                    notes.append(f"torchtitan cuts {units} layer units into {-(-units // per_stage)} stages at "
-                                 f"{per_stage} per stage, not {c.num_stages}; list the stages' modules in "
-                                 "module_fqns_per_model_part")
-        lines += ["", "[activation_checkpoint]", f"mode = \"{ac}\""]
-        if ac == "selective":
-            lines.append('selective_ac_option = "op"')
-        # a pipeline cuts the local batch into microbatches; without one torchtitan accumulates
-        # gradients over global / (local x dp) batches of b sequences
-        lines += ["", "[training]", f"local_batch_size = {c.b * c.m if c.p > 1 else c.b}",
-                  f"global_batch_size = {req.global_batch}", f"seq_len = {req.seq_len}"]
-        return "\n".join([f"# {n}" for n in notes] + lines)
     args = [f"--tensor-model-parallel-size {c.tp}", f"--pipeline-model-parallel-size {c.p}",
             f"--micro-batch-size {c.b}", f"--global-batch-size {req.global_batch}", f"--seq-length {req.seq_len}",
             "--bf16"]
@@ -584,10 +638,6 @@ def export(pred: search.Prediction, req: search.Request, kind: str) -> str:
         args.append(f"--num-virtual-stages-per-pipeline-rank {c.num_stages // c.p}")
     if c.balance == "ends" and c.p > 1:
         args += [f"--decoder-first-pipeline-num-layers {layers[0]}", f"--decoder-last-pipeline-num-layers {layers[-1]}"]
-        middle = sum(layers[1:-1])
-        if c.num_stages > 2 and middle % (c.num_stages - 2):
-            notes.append(f"Megatron-LM splits the middle {middle} layers evenly over {c.num_stages - 2} stages; "
-                         f"the planner's split is {layers}")
     if c.tp > 1 and req.sequence_parallel:
         args.append("--sequence-parallel")
     args += MEGATRON_SHARDING[c.sharding]
@@ -596,8 +646,33 @@ def export(pred: search.Prediction, req: search.Request, kind: str) -> str:
             "; check that your version runs it with pipeline parallelism" if c.p > 1 else ""))
     if c.recompute == "full":
         args += ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]
-    elif c.recompute == "selective":
-        args.append("--recompute-granularity selective")
+    return args, notes
+
+
+def export(pred: search.Prediction, req: search.Request, kind: str) -> str:
+    """A layout ``kind`` runs (:func:`runs_on`) as a complete torchtitan 0.3.0 job (``torchrun ... -m
+    torchtitan.train --module M --config C`` and its overrides) or Megatron-LM command-line arguments;
+    notes are comment lines of their own, before the command."""
+    c = pred.layout
+    problem = runs_on(c, kind, req)
+    if problem:
+        raise ValueError(f"--export {kind}: {problem} ({c.label()})")
+    if kind == "torchtitan":
+        args, notes = torchtitan_args(pred, req)
+        entry = TORCHTITAN_REGISTRY.get(req.model.name)
+        if entry is None:
+            module, config = "YOUR_MODULE", "YOUR_ENTRY"
+            notes.insert(0, f"torchtitan {TORCHTITAN_VERSION} has no registry entry for {req.model.name}: write one (a "
+                            "function returning Trainer.Config, as torchtitan/models/llama3/config_registry.py's "
+                            "llama3_70b) and name its module and function below")
+        else:
+            module, config, flavour = entry
+            notes.insert(0, f"torchtitan {TORCHTITAN_VERSION} (pip install torchtitan=={TORCHTITAN_VERSION}; its main "
+                            f"branch has renamed fields since): registry entry {config}, model flavour {flavour}")
+        head = f"{_torchrun(req)} -m torchtitan.train --module {module} --config {config}"
+        return "\n".join([f"# {n}" for n in notes] + [" \\\n  ".join([head, *args])])
+    args, notes = megatron_args(pred, req)
+    notes.insert(0, f"Megatron-LM arguments (megatron-core {MEGATRON_CORE_VERSION}'s names), after your model's own")
     return "\n".join([f"# {n}" for n in notes] + [" \\\n  ".join(args)])
 
 
