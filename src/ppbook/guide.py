@@ -25,6 +25,7 @@ messages). Any unit works as long as times share one unit and memory another.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -61,6 +62,19 @@ class Option:
         return (self.step, self.memory, self.messages)
 
 
+# [start-guide]
+@functools.lru_cache(maxsize=1024)
+def simulated(name: str, p: int, m: int, v: int, fiw: tuple, latency: float):
+    """(step, messages) of torch's order for ``name``, simulated with F, I, W = ``fiw``
+    per rank's share (a chunk costs 1/n of it) and ``latency`` per hand-off."""
+    n = schedules.stages_per_rank(name, v)
+    order = schedules.order(name, p, m, v)
+    f, i, w = (x / n for x in fiw)
+    events = simulate(order, {"F": f, "I": i, "W": w, "B": i + w}, latency=latency)
+    step = max(e.end for e in events) - min(e.start for e in events)
+    return step, messages(order)
+
+
 def options(inp: Inputs) -> list[Option]:
     """Every schedule of ``inp.schedules`` that can run ``inp.p`` and ``inp.m``, fitting
     ones first, each group fastest first."""
@@ -68,21 +82,19 @@ def options(inp: Inputs) -> list[Option]:
     for name in inp.schedules:
         if schedules.schedule_problem(name, inp.p, inp.m, inp.v):
             continue  # torch refuses this p and m
-        n = schedules.stages_per_rank(name, inp.v)  # a chunk is 1/n of a rank's share
-        order = schedules.order(name, inp.p, inp.m, inp.v)
-        f, i, w = inp.f / n, inp.i / n, inp.w / n
-        costs = {"F": f, "I": i, "W": w, "B": i + w}
-        events = simulate(order, costs, latency=inp.latency)
-        step = max(e.end for e in events) - min(e.start for e in events)
+        fiw = (inp.f, inp.i, inp.w)
+        step, sent = simulated(name, inp.p, inp.m, inp.v, fiw, inp.latency)
         # per rank: microbatches in flight x activation, plus split ones' remainder
+        n = schedules.stages_per_rank(name, inp.v)
         stages = inp.p * n
         per_mb, rest = [inp.activation / n] * stages, [inp.residual / n] * stages
         held = search.rank_saved_bytes(name, inp.p, inp.m, inp.v, per_mb, rest)
         last = schedules.stage_to_rank(name, inp.p, inp.v)[stages - 1]
         held[last] += inp.head  # the loss; the V-shaped schedules put it on rank 0
         peak = max(held)
-        out.append(Option(name, step, peak, messages(order), peak <= inp.budget))
+        out.append(Option(name, step, peak, sent, peak <= inp.budget))
     return sorted(out, key=lambda o: (not o.fits, o.key()))
+# [end-guide]
 
 
 def pick(inp: Inputs) -> Option:
