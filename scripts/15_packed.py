@@ -11,8 +11,8 @@ Only 1F1B, only the block-diagonal SDPA mask:
 
 Variants: ``sdpa`` (a boolean mask from the ids), ``varlen`` (cu_seqlens derived in the stage),
 ``varlen-presplit`` (cu_seqlens computed per microbatch before the step and handed over
-pre-split), ``varlen-whole-batch`` (the mistake of torchtitan issue 3773: the whole batch's
-cu_seqlens given to every microbatch), ``mean-per-microbatch`` (SDPA with a mean loss per
+pre-split), ``varlen-whole-batch`` (the mistake that torchtitan PR 3773 fixed: the whole batch's
+cu_seqlens given to step, which cuts them into pieces like any tensor), ``mean-per-microbatch`` (SDPA with a mean loss per
 microbatch and ``scale_grads``: not the step's token mean), and ``flex-eval`` (FlexAttention with a
 ``BlockMask`` built per microbatch in the stage, forward only: FlexAttention has no backward on
 the CPU). At two processes the launch also exchanges shapes the way Megatron-LM's
@@ -45,6 +45,7 @@ VARIANTS = ("sdpa", "varlen", "varlen-presplit", "varlen-whole-batch", "mean-per
             "flex-eval")
 # torch 2.13: ScheduleZBVZeroBubble.eval fails ("can't steal_bwd_input if this stage doesn't have backward")
 NO_EVAL = ("ZBVZeroBubble",)
+BUCKETS = (16, 32, 64, 128, 256)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -58,6 +59,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dim", type=int, default=32)
     p.add_argument("--vocab", type=int, default=128)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lengths", type=int, nargs="*", default=[16, 32, 24, 16, 32, 24],
+                   help="row lengths of successive steps, for the changing-length comparison (none: skip it)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.add_argument("--check", action="store_true", help="fail unless every right variant equals one process")
     p.add_argument("--json", default=None, help="write machine-readable results to this path (rank 0)")
@@ -77,6 +80,9 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
         problem = schedule_problem(name, world_size, args.microbatches, 2, args.layers)
         if problem:
             raise ValueError(problem)
+    if any(not 8 <= n <= args.seq_len for n in args.lengths):
+        raise ValueError(f"every --lengths value must be between 8 and --seq-len {args.seq_len} (the model's "
+                         f"longest row), got {args.lengths}; raise --seq-len or shorten --lengths")
     ppdist.pick_device(0, args.device)
 
 
@@ -109,7 +115,7 @@ def flex_kernel(doc_ids, cu, block_mask):
 def varlen_kernel(doc_ids, cu, block_mask):
     if cu is None:                                  # derived here, per microbatch
         cu = packing.cu_seqlens(doc_ids)            # (segments + 1,)
-    else:
+    elif cu.dim() == 2:
         cu = cu[0]                                  # handed over: (1, K) -> (K,)
 
     def attend(q, k, v):                            # (b, H, T, hd) -> (b*T, H, hd)
@@ -186,15 +192,15 @@ def presplit_step(schedule, arg_mbs, kwarg_mbs, target_mbs, losses):
 
 
 def cu_for(variant: str, doc_ids: torch.Tensor, m: int) -> torch.Tensor | None:
-    """What the step hands each microbatch as ``cu``: stacked (m, K), or None (derived in the stage)."""
+    """What the step is given as ``cu``: microbatches' own stacked (m, K), the whole batch's (K,) that
+    the schedule then cuts like any tensor, or None (derived in the stage)."""
     if variant == "varlen-presplit":
         # [start-cu]
         per_mb = [packing.cu_seqlens(d) for d in doc_ids.tensor_split(m)]
         return packing.stack_cu_seqlens(per_mb)     # (m, K): row i is microbatch i's
         # [end-cu]
-    if variant == "varlen-whole-batch":
-        whole = packing.cu_seqlens(doc_ids)         # offsets into all B*T tokens
-        return whole.expand(m, -1).contiguous()     # every microbatch gets them all
+    if variant == "varlen-whole-batch":             # torchtitan 3773: the schedule
+        return packing.cu_seqlens(doc_ids)          # cuts these offsets into m pieces
     return None
 
 
@@ -272,18 +278,21 @@ def exchange_shapes(info, act_shape, grad_shape, paired: bool) -> dict:
     gradient to the previous one, and receives both. At p = 2 both
     neighbours are the same rank, and point-to-point messages between two
     ranks pair in the order they are posted (NCCL has no tags)."""
-    nxt, prv = (info.rank + 1) % info.world_size, (info.rank - 1) % info.world_size
+    r, p = info.rank, info.world_size
+    nxt, prv = (r + 1) % p, (r - 1) % p
     send_act = torch.tensor(act_shape, device=info.device)
     send_grad = torch.tensor(grad_shape, device=info.device)
-    got_act, got_grad = torch.zeros_like(send_act), torch.zeros_like(send_grad)
-    if paired:   # every rank: sends to next first, receives from prev first
-        ops = [dist.P2POp(dist.isend, send_act, nxt), dist.P2POp(dist.isend, send_grad, prv),
-               dist.P2POp(dist.irecv, got_act, prv), dist.P2POp(dist.irecv, got_grad, nxt)]
-    else:        # _communicate_shapes's fixed order: prev's pair, then next's
-        ops = [dist.P2POp(dist.isend, send_grad, prv), dist.P2POp(dist.irecv, got_act, prv),
-               dist.P2POp(dist.isend, send_act, nxt), dist.P2POp(dist.irecv, got_grad, nxt)]
+    got_act = torch.zeros_like(send_act)
+    got_grad = torch.zeros_like(send_grad)
+    op = dist.P2POp
+    if paired:  # every rank: sends to next first, receives from prev first
+        ops = [op(dist.isend, send_act, nxt), op(dist.isend, send_grad, prv),
+               op(dist.irecv, got_act, prv), op(dist.irecv, got_grad, nxt)]
+    else:       # _communicate_shapes's fixed order: prev's pair, next's
+        ops = [op(dist.isend, send_grad, prv), op(dist.irecv, got_act, prv),
+               op(dist.isend, send_act, nxt), op(dist.irecv, got_grad, nxt)]
     for work in dist.batch_isend_irecv(ops):
-        work.wait()                                 # NCCL returns one work: wait on all
+        work.wait()  # NCCL returns one work for all: wait on every one
     return {"activation": got_act.tolist(), "gradient": got_grad.tolist()}
 # [end-shapes]
 
@@ -294,6 +303,63 @@ def shape_demo(info) -> dict:
     return {"sent": {"activation": act, "gradient": grad},
             "fixed order": exchange_shapes(info, act, grad, paired=False),
             "paired": exchange_shapes(info, act, grad, paired=True)}
+
+
+# [start-lengths]
+def shape_for(strategy: str, length: int, lengths: list[int]) -> int:
+    """The row length a step of documents up to ``length`` runs at."""
+    if strategy == "recreate":  # its own length: a new stage at each change
+        return length
+    if strategy == "bucket":    # the next bucket up: one stage per bucket
+        return next(b for b in BUCKETS if b >= length)
+    return max(lengths)         # "pack to the maximum": one shape, ever
+# [end-lengths]
+
+
+def lengths_demo(full, args, info) -> list[dict]:
+    """Steps whose rows have the lengths of ``--lengths``, under 1F1B and SDPA, three ways."""
+    out = []
+    mod = PackedStage(stage_module(copy.deepcopy(full), info.rank, info.world_size))
+    for strategy in ("recreate", "bucket", "max"):
+        schedules, built, seconds, positions, real, worst = {}, 0, [], 0, 0, 0.0
+        previous = None
+        for k, length in enumerate(args.lengths):
+            T = shape_for(strategy, length, args.lengths)
+            if T not in schedules or (strategy == "recreate" and T != previous):
+                t0 = time.perf_counter()
+                stage = pipelining.PipelineStage(mod, info.rank, info.world_size, info.device)
+                schedules[T] = (pipelining.Schedule1F1B(stage, n_microbatches=args.microbatches,
+                                                        loss_fn=TokenMeanLoss(), scale_grads=False), t0)
+                built += 1
+            schedule, t0 = schedules[T]
+            schedules[T] = (schedule, None)
+            previous = T
+            docs = step_documents(args, k, length)
+            tokens, targets, doc_ids = ppdist.on_device(
+                info.device, *packing.pack_stream(docs, args.rows, T, args.vocab, seed=k))
+            schedule._loss_fn.set_batch(targets)
+            mod.zero_grad(set_to_none=True)
+            t0 = t0 if t0 is not None else time.perf_counter()
+            last = {"target": targets, "losses": []} if info.is_last else {}
+            schedule.step(*((tokens,) if info.is_first else ()), doc_ids=doc_ids, **last)
+            seconds.append(time.perf_counter() - t0)
+            ref, _ = reference(full, "sdpa", tokens, targets, doc_ids, args.microbatches)
+            grads = {n: q.grad for n, q in mod.mod.named_parameters()}
+            worst = max(worst, worst_difference(grads, ref, info.device))
+            positions += tokens.numel()
+            real += int((targets != -100).sum())
+        out.append({"strategy": strategy, "schedules_built": built, "step_seconds": seconds,
+                    "positions": positions, "scored": real, "max_grad_diff": worst})
+    return out
+
+
+def step_documents(args, k: int, length: int) -> list[int]:
+    """Documents for step ``k``: enough to fill ``--rows`` rows of ``length`` tokens."""
+    g = torch.Generator().manual_seed(1000 + k)
+    docs = []
+    while sum(docs) < args.rows * length:
+        docs.append(int(torch.randint(3, length + 1, (1,), generator=g)))
+    return docs
 
 
 def make_batch(args) -> tuple[torch.Tensor, ...]:
@@ -329,8 +395,10 @@ def body(args: argparse.Namespace, info) -> int:
             runs.append({"schedule": name, "variant": variant, "loss": loss, "reference_loss": ref_loss,
                          "max_grad_diff": diff, "seconds": time.perf_counter() - t0})
     shapes = shape_demo(info) if info.world_size == 2 else None
+    lengths = lengths_demo(full, args, info) if args.lengths else []
     right = [r for r in runs if r["variant"] not in ("varlen-whole-batch", "mean-per-microbatch")]
-    match = all(r["max_grad_diff"] < 1e-12 and abs(r["loss"] - r["reference_loss"]) < 1e-12 for r in right)
+    match = all(r["max_grad_diff"] < 1e-12 and abs(r["loss"] - r["reference_loss"]) < 1e-12 for r in right) \
+        and all(r["max_grad_diff"] < 1e-12 for r in lengths)
     if info.rank == 0:
         print(f"{len(doc_ids)} packed rows of {args.seq_len}, {m} microbatches scoring "
               f"{packing.tokens_per_microbatch(targets, m)} tokens, p = {info.world_size}, torch {torch.__version__}")
@@ -340,11 +408,15 @@ def body(args: argparse.Namespace, info) -> int:
         if shapes:
             print(f"  shapes sent {shapes['sent']}; received in the fixed order {shapes['fixed order']}, "
                   f"paired {shapes['paired']}")
+        for r in lengths:
+            print(f"  lengths {args.lengths} by {r['strategy']:<8}: {r['schedules_built']} schedule(s) built, "
+                  f"{100 * (1 - r['scored'] / r['positions']):.0f}% of positions score nothing, steps "
+                  + " ".join(f"{1e3 * t:.0f}" for t in r["step_seconds"]) + " ms")
         cli.write_json(args.json, {
             "world_size": info.world_size, "microbatches": m, "torch": torch.__version__,
             "tokens_per_microbatch": packing.tokens_per_microbatch(targets, m),
             "doc_ids": doc_ids.tolist(), "targets_counted": (targets != -100).sum().item(),
-            "runs": runs, "shapes": shapes, "match": match})
+            "runs": runs, "shapes": shapes, "lengths": lengths, "match": match})
     if args.check and not match:
         raise SystemExit(f"rank {info.rank}: a right variant differs from one process")
     return 0
