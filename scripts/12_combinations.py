@@ -19,11 +19,13 @@ GPUs (NCCL), larger sizes:
     torchrun --standalone --nproc-per-node 4 scripts/12_combinations.py --section tp --device cuda --dim 1024 --heads 16 --kv-heads 4 --ffn 2816 --seq-len 512 --batch-size 32
 
 Sections:
-- compile: each stage's blocks compiled (``torch.compile(block)``, as torchtitan does) or each
-  stage whole, under every schedule (``--stage`` picks the schedules for whole stages); the
-  schedules that split the backward refuse compiled modules, and ``block.compile()`` (in place)
-  with donated buffers off shows what happens then. ``--check`` also fails if a compiled run's
-  graphs never ran.
+- compile: each stage's blocks wrapped (``torch.compile(block)``, torchtitan's way before
+  torchtitan#2688) or each stage whole, under every schedule (``--stage`` picks the schedules for
+  whole stages); the schedules that split the backward refuse these wrappers. ``block.compile()``
+  (in place, torchtitan's way today) passes that check and fails at the first step on donated
+  buffers; mode in-place runs it with donated buffers and inductor's caches off (with the caches
+  on, ``--keep-compile-caches``, the gradients come out wrong). ``--check`` also fails if a
+  compiled run's graphs never ran.
 - recompute: activation checkpointing per block, full or selective (torchtitan's policy), a
   policy per stage; each block's kept bytes, and each stage's kept bytes across the step (their
   high-water mark), against the planner's memory model; the extra backward time per block over
@@ -89,8 +91,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="torch.compile backend: aot_eager (AOTAutograd's graphs run by eager kernels: seconds "
                         "on a CPU) or inductor (the default of torch.compile: generated kernels, minutes on a CPU)")
     p.add_argument("--compile-modes", nargs="+", choices=COMPILE_MODES, default=list(COMPILE_MODES),
-                   help="eager; blocks: torch.compile each block (torchtitan); stage: torch.compile the stage; "
-                        "in-place: block.compile() with donated buffers off (what a split schedule needs)")
+                   help="eager; blocks: torch.compile(block) for each block (torchtitan before #2688); stage: "
+                        "torch.compile the stage; in-place: block.compile() (torchtitan today) with donated "
+                        "buffers and inductor's caches off (what a split schedule needs)")
     p.add_argument("--in-place", nargs="+", choices=SCHEDULES, default=None,
                    help="the schedules that compile mode in-place runs (default: those of --schedules that split "
                         "the backward)")
@@ -219,7 +222,8 @@ def grad_diff(mods, ref) -> float:
     for mod in mods:
         for name, p in mod.named_parameters():
             g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
-            # a block wrapped by torch.compile is "layers.0._orig_mod.*"
+            # torch.compile(block) renames what it wraps, "layers.0._orig_mod.*": anything keyed by
+            # names (an FQN split, a state dict) misses it. Mapped back here; block.compile() keeps names
             worst = max(worst, (g - want[name.replace("_orig_mod.", "")].grad).abs().max().item())
     return worst
 
@@ -280,9 +284,9 @@ def timed(run_step, args, info, recorder) -> dict | None:
 
 # [start-compile]
 def compiled(mode: str, backend: str):
-    """How a stage module is compiled: ``blocks`` as torchtitan does
-    (each block wrapped by torch.compile), ``stage`` the stage whole,
-    ``in-place`` each block's own ``compile()`` (no wrapper module)."""
+    """How a stage module is compiled: ``blocks`` each block wrapped by
+    torch.compile, ``stage`` the stage whole, ``in-place`` each block's own
+    ``compile()``, no wrapper module (torchtitan's apply_compile)."""
     def prepare(mod, index):
         if mode == "blocks":
             for name, block in mod.layers.items():

@@ -339,3 +339,27 @@ def test_bad_input_is_one_line(args, nproc, message):
 ])
 def test_compile_flags_that_would_be_ignored_are_refused(args, message):
     assert message in refusal("12_combinations.py", args)
+
+
+def test_a_compiled_block_recompiles_for_lengths_as_the_chapter_says():
+    """Chapter 12, changing lengths under compile: by default a block compiled in place recompiles
+    once, at the second length, with the length dynamic, and that graph serves later lengths;
+    with dynamic=False every length recompiles, up to torch's recompile_limit, then runs eager."""
+    from torch._dynamo.utils import counters
+
+    from ppbook.models import LlamaConfig, build_model
+
+    cfg = LlamaConfig(vocab_size=32, dim=32, n_layers=1, n_heads=2, n_kv_heads=1, ffn_hidden_dim=32, max_seq_len=64)
+    limit, graphs = torch._dynamo.config.recompile_limit, {}
+    for dynamic in (None, False):
+        torch._dynamo.reset()
+        counters.clear()
+        model = build_model(cfg, seed=0)
+        for block in model.layers.values():
+            block.compile(backend="eager", dynamic=dynamic)
+        with torch.no_grad():
+            for length in range(4, 4 + limit + 3):
+                model(torch.randint(0, cfg.vocab_size, (2, length)))
+        graphs[dynamic] = counters["stats"]["unique_graphs"]
+    torch._dynamo.reset()
+    assert graphs == {None: 2, False: limit}
