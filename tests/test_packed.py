@@ -92,6 +92,7 @@ def test_tokens_and_weights_per_microbatch():
     (["--rows", "6"], "--rows 6 must be a positive multiple of --microbatches 4"),
     (["--microbatches", "2", "--rows", "4", "--schedules", "1F1B"], "Schedule1F1B needs at least as many"),
     (["--layers", "2"], "raise --layers to 4 or more"),
+    (["--lengths", "16", "48"], "every --lengths value must be between 8 and --seq-len 32"),
 ])
 def test_bad_input_is_one_line(args, message):
     assert_one_line_error("15_packed.py", args, message, nproc=2 if "--microbatches" not in args else 4)
