@@ -15,6 +15,11 @@ same function. Their tensors differ in two ways only:
   checkpoint between them reorders the rows of ``wq`` and ``wk`` within each head
   (:func:`rope_to_hf`, :func:`rope_from_hf`); the attention scores, and so the model, are unchanged.
 
+The rotary tables themselves are computed as transformers computes them (:func:`hf_rope_tables`:
+float32, Llama 3.1's ``"llama3"`` frequency scaling included), so Llama 1 to 3.3 load. Out, each
+rank writes its own stage's safetensors file (:func:`save_stages`); :func:`export` converts a
+saved DCP checkpoint in one process.
+
 Nothing here imports ``transformers``: reading and writing Hugging Face folders needs only
 ``safetensors`` (imported when used) and JSON. :func:`record_reads` notes every tensor safetensors
 hands out, so that "each stage reads only its own tensors" is measured, not inferred. :class:`Chain` wraps a ``transformers`` model a
