@@ -480,7 +480,7 @@ def save_stages(stage: nn.Module, cfg: LlamaConfig, folder: str | Path,
         raise ValueError(_TIED_DIFFER)  # on every rank: each saw the same fingerprints
     file_of = {name: r + 1 for r, (names, _) in enumerate(everyone) for name in names}
     folder = Path(folder)
-    if not dist.is_initialized() or dist.get_rank() == 0:  # before dcp.save returns anywhere
+    if not dist.is_initialized() or dist.get_rank() == 0:  # before dcp.save returns
         folder.mkdir(parents=True, exist_ok=True)
         dtype = dtype or next(iter(state.values())).dtype
         config = config_to_hf(cfg, dtype, tied, rope)
