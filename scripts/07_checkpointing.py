@@ -46,7 +46,7 @@ import time
 import torch
 import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
-from tqdm.auto import tqdm
+from tqdm import tqdm  # not tqdm.auto: under a notebook it warns with the build machine's path
 
 from ppbook import checkpoint as ckpt
 from ppbook import dist as ppdist
