@@ -88,6 +88,13 @@ def test_tokens_and_weights_per_microbatch():
     assert per_mb == [1 / 6, 1 / 2] and token_mean == [1 / 4, 1 / 4]
 
 
+def test_eval_is_skipped_only_where_adjacent_stages_share_a_rank():
+    script = launch.load_script("15_packed.py")
+    assert script.eval_fails("ZBVZeroBubble", 2) and script.eval_fails("ZBVZeroBubble", 4)
+    assert script.eval_fails("Interleaved1F1B", 1)  # one process holds stages 0 and 1
+    assert not script.eval_fails("Interleaved1F1B", 2) and not script.eval_fails("1F1B", 4)
+
+
 @pytest.mark.parametrize("args,message", [
     (["--rows", "6"], "--rows 6 must be a positive multiple of --microbatches 4"),
     (["--microbatches", "2", "--rows", "4", "--schedules", "1F1B"], "Schedule1F1B needs at least as many"),
