@@ -115,12 +115,23 @@ BAD_CONFIGS = [{"model_type": "llama", "hidden_size": 4096},                  # 
                {**LLAMA, "vocab_size": 0},
                {**LLAMA, "model_type": "mixtral", "num_local_experts": 8, "num_experts_per_tok": 9},
                {**LLAMA, "model_type": "mixtral", "num_local_experts": 8}]      # no top-k
-ODD_CONFIGS = [{**LLAMA, "hidden_size": 4096.0}, {**LLAMA, "head_dim": 256, "model_type": None},
+ODD_CONFIGS = [{**LLAMA, "hidden_size": 4096.0}, {**LLAMA, "head_dim": 256, "model_type": None, "hidden_act": "silu"},
                {**LLAMA, "model_type": "opt", "ffn_dim": None}, {k: v for k, v in LLAMA.items() if k != "model_type"}]
+# the MLP read from the activation and the model type; Falcon's keys; what is not understood, refused
+MLP_CONFIGS = [{**LLAMA, "model_type": "nemotron", "hidden_act": "relu2"},
+               {**LLAMA, "model_type": "gemma", "hidden_act": "gelu_pytorch_tanh"},
+               {**LLAMA, "model_type": "mine", "hidden_act": "silu"},
+               {**LLAMA, "model_type": "opt", "activation_function": "relu"},
+               {"model_type": "falcon", "hidden_size": 8192, "num_hidden_layers": 60, "num_attention_heads": 128,
+                "num_kv_heads": 8, "vocab_size": 65024, "bias": False, "alibi": False},
+               {"model_type": "falcon", "hidden_size": 4544, "num_hidden_layers": 32, "num_attention_heads": 71,
+                "multi_query": True, "vocab_size": 65024}]
+BAD_MLP_CONFIGS = [{**LLAMA, "model_type": "mine", "hidden_act": "gelu"}, {**LLAMA, "model_type": "mine"},
+                   {**LLAMA, "hidden_act": "tanh"}, {**LLAMA, "hidden_act": "relu2"}, {**LLAMA, "hidden_act": 3}]
 
 
 def test_hugging_face_configs_are_read_and_refused_as_the_python_does(js):
-    configs = list(HF_CONFIGS.values()) + BAD_CONFIGS + ODD_CONFIGS
+    configs = list(HF_CONFIGS.values()) + BAD_CONFIGS + ODD_CONFIGS + MLP_CONFIGS + BAD_MLP_CONFIGS
     got = js("""cs => cs.map(c => { try { return PPPlanner.fromHfConfig(c, "config.json"); }
                                      catch (e) { return "error: " + e.message; } })""", configs)
     for config, answer in zip(configs, got):
@@ -129,7 +140,7 @@ def test_hugging_face_configs_are_read_and_refused_as_the_python_does(js):
         except ValueError as e:
             expected = f"error: {e}"
         assert answer == expected, config
-    assert sum(isinstance(a, str) for a in got) == len(BAD_CONFIGS)  # each refused, in one line
+    assert sum(isinstance(a, str) for a in got) == len(BAD_CONFIGS) + len(BAD_MLP_CONFIGS)  # each refused, in one line
 
 
 # --- plans and layouts ----------------------------------------------------------------------------------------

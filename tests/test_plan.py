@@ -369,7 +369,6 @@ def with_change(change: list) -> list[str]:
     (["--intra", "carrier-pigeon"], "unknown link"),
     (["--model", "custom", "--hidden", "64"], "--model custom needs"),
     (["--layout", "tp=3"], "must divide the 8 GPUs"),
-    (["--layout", "pp=4 schedule=1F1B b=64"], "needs at least as many microbatches"),
     (["--layout", "pp"], "is not key=value"),
     (["--json", "/no/such/folder/x.json"], "its folder does not exist"),
     (["--model", "opt-175b", "--kernels", "book", "--gpus", "64"], "kernels 'book' counts the book's own Llama block"),
@@ -390,6 +389,31 @@ def test_bad_requests_get_one_line_and_a_nonzero_exit(change, message, capsys):
     status, out = in_process(with_change(change), capsys)
     errors = [line for line in out.splitlines() if line.strip()]
     assert status == 2 and len(errors) == 1 and message in errors[0], out
+
+
+@pytest.mark.parametrize("layout,message", [
+    ("pp=4 schedule=1F1B b=64", "got m=1; use m=4 or more (m = global batch / (dp x b))"),
+    ("pp=2 b=3", "does not split into dp 4 x b 3"),
+    ("pp=2 schedule=Interleaved1F1B v=1", "got v=1; use v=2 or more"),
+])
+def test_a_layout_that_cannot_run_is_reported_with_the_rest_of_the_answer(layout, message, capsys):
+    """A well-formed --layout the batch cannot split (or its schedule refuses) costs one line in
+    this command's words, after the ranked answer, and exit status 2."""
+    status, out = in_process(with_change(["--layout", layout]), capsys)
+    errors = [line for line in out.splitlines() if "error:" in line]
+    assert status == 2 and len(errors) == 1 and message in errors[0], out
+    assert "is predicted fastest" in out and "--microbatches" not in out and "--stages-per-rank" not in out
+
+
+def test_a_custom_gpu_says_which_links_it_assumes(capsys):
+    status, out = in_process(with_change(["--gpu", "custom", "--gpu-memory", "80", "--gpu-tflops", "900",
+                                          "--gpu-bandwidth", "3"]), capsys)
+    assert status == 0 and "--gpu custom: assuming nvlink-h100 within a node" in out
+    assert "assuming ib-ndr400 between nodes" in out
+    status, out = in_process(with_change(["--gpu", "custom", "--gpu-memory", "80", "--gpu-tflops", "900",
+                                          "--gpu-bandwidth", "3", "--intra", "nvlink-a100", "--inter", "ib-hdr200"]),
+                             capsys)
+    assert status == 0 and "assuming" not in out
 
 
 def test_expert_parallelism_from_the_command_line(capsys):
@@ -636,3 +660,28 @@ def test_the_header_says_which_ranked_layouts_are_estimated():
     mistral = request("mistral-7b")  # Llama 3 8B's block, another vocabulary: its head was never measured
     assert plan.header(mistral)[-1].startswith("action times: estimated")
     assert plan.header(CASES["8b"])[-1].startswith("action times: measured")
+
+
+# --- the MLP a config.json describes ------------------------------------------------------------------------
+
+def test_the_mlp_is_read_from_the_activation_and_the_model_type(tmp_path, capsys):
+    """Nemotron-4 15B (squared ReLU, two matrices: 15.6B, not the 20.5B of a Llama block), Gemma's
+    GeGLU (three), Falcon's keys (num_kv_heads, no intermediate_size); what it cannot tell, refused."""
+    nemotron = {"model_type": "nemotron", "hidden_act": "relu2", "hidden_size": 6144, "num_hidden_layers": 32,
+                "num_attention_heads": 48, "num_key_value_heads": 8, "intermediate_size": 24576,
+                "vocab_size": 256000, "tie_word_embeddings": False}
+    shape = shapes.from_hf_config(nemotron)
+    assert shape.mlp == "relu2" and not shapes.gated(shape)
+    assert shapes.total_parameters(shape) / 1e9 == pytest.approx(15.6, abs=0.05)
+    assert shapes.total_parameters(shapes.from_hf_config({**nemotron, "model_type": "llama", "hidden_act": "silu"})) \
+        / 1e9 == pytest.approx(20.5, abs=0.05)
+    gemma = shapes.from_hf_config({**nemotron, "model_type": "gemma", "hidden_act": "gelu_pytorch_tanh"})
+    assert gemma.mlp == "geglu" and shapes.block_weight_groups(gemma) == shapes.block_weight_groups(
+        shapes.PRESETS["llama3-8b"])
+    falcon = shapes.from_hf_config({"model_type": "falcon", "hidden_size": 8192, "num_hidden_layers": 60,
+                                    "num_attention_heads": 128, "num_kv_heads": 8, "vocab_size": 65024})
+    assert (falcon.kv_heads, falcon.ffn, falcon.mlp, falcon.tied) == (8, 4 * 8192, "gelu", True)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**nemotron, "model_type": "mine", "hidden_act": "gelu"}))
+    status, out = in_process(with_change(["--model", str(path)]), capsys)
+    assert status == 2 and "cannot tell a gated MLP" in out and len(out.strip().splitlines()) == 1

@@ -215,6 +215,11 @@ def request_from(args: argparse.Namespace) -> search.Request:
     return req
 
 
+class LayoutProblem(ValueError):
+    """A well-formed ``--layout`` that cannot run on this request (the batch does not split into it,
+    or its schedule refuses its microbatches): reported after the rest of the answer."""
+
+
 def parse_layout(text: str, req: search.Request) -> search.Layout:
     """A layout from ``key=value`` words (tp, pp, dp, ep, schedule, v, b, m, sharding, recompute,
     balance); what is left out is taken from the request (dp and m from the GPUs and the batch)."""
@@ -240,10 +245,13 @@ def parse_layout(text: str, req: search.Request) -> search.Layout:
     if tp * pp * dp != req.gpus:
         raise ValueError(f"--layout: tp {tp} x pp {pp} x dp {dp} = {tp * pp * dp}, not the {req.gpus} GPUs")
     if req.global_batch % (dp * b):
-        raise ValueError(f"--layout: the global batch {req.global_batch} does not split into dp {dp} x b {b}")
+        raise LayoutProblem(f"--layout: the global batch {req.global_batch} does not split into dp {dp} x b {b}; "
+                            f"use a b that divides {req.global_batch // math.gcd(req.global_batch, dp)} "
+                            f"or a --global-batch that is a multiple of {dp * b}")
     m = int(fields.get("m", req.global_batch // (dp * b)))
     if dp * b * m != req.global_batch:
-        raise ValueError(f"--layout: dp {dp} x b {b} x m {m} = {dp * b * m}, not the global batch {req.global_batch}")
+        raise LayoutProblem(f"--layout: dp {dp} x b {b} x m {m} = {dp * b * m}, not the global batch "
+                            f"{req.global_batch}; leave m out (it follows from the batch)")
     schedule = fields.get("schedule", search.NO_PIPELINE if pp == 1 else "1F1B")
     if pp == 1:
         schedule = search.NO_PIPELINE
@@ -263,11 +271,23 @@ def parse_layout(text: str, req: search.Request) -> search.Layout:
     layout = search.Layout(tp, pp, dp, schedule, v, b, m, sharding, recompute, balance, max(1, ep))
     problem = search.constraint_problem(layout, req)
     if problem:
-        raise ValueError(f"--layout: {problem}")
+        raise LayoutProblem(f"--layout: {problem}")
     return layout
 
 
 # --- what it prints ------------------------------------------------------------------------------------------
+
+def assumptions(args: argparse.Namespace, req: search.Request) -> list[str]:
+    """What the request leaves to the planner that it should say it assumed: the links of a GPU
+    given by its numbers (``--gpu custom``)."""
+    lines = []
+    if args.gpu == "custom":
+        for side, flag, link in (("within a node", "--intra", req.intra), ("between nodes", "--inter", req.inter)):
+            if getattr(args, flag[2:]) is None and getattr(args, f"{flag[2:]}_bandwidth") is None:
+                lines.append(f"--gpu custom: assuming {link.name} {side} ({link.bandwidth / 1e9:.0f} GB/s each way, "
+                             f"{link.latency * 1e6:.0f} us); give {flag} or {flag}-bandwidth and {flag}-latency for yours")
+    return lines
+
 
 def header(req: search.Request, ranked: list[search.Prediction] | None = None) -> list[str]:
     """What was asked, and where the action times come from: for the ``ranked`` layouts where
@@ -689,9 +709,13 @@ def _drop_summary(dropped: list[search.Prediction], limit: int = 20) -> list[str
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    layout_problem = None
     try:
         req = request_from(args)
-        named = parse_layout(args.layout, req) if args.layout else None
+        try:
+            named = parse_layout(args.layout, req) if args.layout else None
+        except LayoutProblem as e:  # the rest of the answer still stands
+            named, layout_problem = None, e
         if args.json and not Path(args.json).resolve().parent.is_dir():
             raise ValueError(f"--json {args.json}: its folder does not exist; create it or pick another path")
     except ValueError as e:
@@ -699,6 +723,7 @@ def main(argv=None) -> int:
         return 2
     ranked, dropped = search.plan(req)
     print("\n".join(header(req, ranked)))
+    print("\n".join(assumptions(args, req)))
     print("\n".join(table(ranked, args.top, req)))
     if ranked:
         print(f"{len(ranked)} layouts ranked, {len(dropped)} dropped (--why says why); the others cannot come "
@@ -735,6 +760,9 @@ def main(argv=None) -> int:
             "winner_reason": why_winner(ranked, req),
             "calibration": asdict(calibration.band_for(req.gpu.name)),
             **({"layout": layout_json(named, req)} if named is not None else {})}, indent=1, default=float))
+    if layout_problem is not None:
+        print(f"ppbook.plan: error: {layout_problem}", file=sys.stderr)
+        return 2
     return 0 if ranked else 1
 
 

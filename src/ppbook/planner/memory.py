@@ -59,6 +59,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from ppbook.planner import shapes
 from ppbook.planner.shapes import ModelShape, embedding_parameters, head_parameters, layer_parameters
 
 GB = 1e9  # vendors quote device memory in decimal gigabytes ("80 GB")
@@ -189,7 +190,7 @@ def held_io_bytes(boundary: float, first: bool, last: bool, stage_io: str = "tor
 # --- activations ---------------------------------------------------------------------------------------
 
 def _mlp_values(shape: ModelShape, width: int, kernels: str) -> int:
-    if shape.mlp == "swiglu":
+    if shapes.gated(shape):
         return 4 * width if kernels == "book" else 3 * width
     return 2 * width
 
@@ -236,7 +237,7 @@ def layer_activation_values(shape: ModelShape, kernels: str = "fused", recompute
     if recompute == "full":
         return h, 0.0
     if recompute == "selective":
-        if shape.mlp == "swiglu":  # products: q k v o | gate up down -> keep q, v, gate, down
+        if shapes.gated(shape):  # products: q k v o | gate up down -> keep q, v, gate, down
             return h + q + v + out + routed * width + h + router + dispatched, lse
         return h + q + k + v + out + routed * width + router + dispatched, lse  # qkv o | fc1 fc2 -> keep qkv, fc1
     stats = 2 if shape.norm == "rms" else 4  # rstd per norm (and the mean, for a layer norm)

@@ -331,9 +331,13 @@
     return weights + biases;
   }
 
+  // port of shapes.gated and its constants
+  var GATED_MLPS = ["swiglu", "geglu"], MLPS = GATED_MLPS.concat(["gelu", "relu", "relu2"]);
+  function gated(s) { return GATED_MLPS.indexOf(s.mlp) >= 0; }
+
   function mlpParameters(s, width) {
     var h = s.hidden;
-    if (s.mlp === "swiglu") return 3 * h * width + (s.bias ? 2 * width + h : 0);
+    if (gated(s)) return 3 * h * width + (s.bias ? 2 * width + h : 0);
     return 2 * h * width + (s.bias ? width + h : 0);
   }
 
@@ -362,7 +366,7 @@
 
   // port of shapes.block_weight_groups: the parameter groups torch's weight pass differentiates apart
   function blockWeightGroups(s, moeLayer) {
-    var attention = isMla(s) ? (s.q_lora_rank ? 3 : 1) + 3 + 1 : 4, matrices = s.mlp === "swiglu" ? 3 : 2;
+    var attention = isMla(s) ? (s.q_lora_rank ? 3 : 1) + 3 + 1 : 4, matrices = gated(s) ? 3 : 2;
     var mlp = moeLayer ? 1 + matrices + (s.shared_experts ? matrices : 0) : matrices;
     return 2 + attention + mlp;
   }
@@ -398,6 +402,37 @@
     return s;
   }
 
+  // port of shapes.mlp_of and its tables
+  var GATED_TYPES = ["llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "deepseek_v2",
+    "deepseek_v3", "gemma", "gemma2", "gemma3_text", "olmo", "olmo2", "granite", "phi3", "cohere", "internlm2"];
+  var TWO_MATRIX_TYPES = ["gpt2", "gpt_neox", "bloom", "opt", "gpt_bigcode", "falcon", "nemotron", "phi", "starcoder2"];
+  var GPT_TYPES = ["gpt2", "gpt_neox", "bloom", "opt", "gpt_bigcode"];
+  var ACTIVATIONS = {silu: "silu", swish: "silu", gelu: "gelu", gelu_new: "gelu", gelu_fast: "gelu",
+    gelu_pytorch_tanh: "gelu", quick_gelu: "gelu", relu: "relu", relu2: "relu2"};
+  var ACTIVATION_KEYS = ["hidden_act", "activation_function", "hidden_activation", "activation"];
+
+  function pyRepr(x) { return "'" + x + "'"; }
+
+  function mlpOf(kind, act, name) {
+    if (act !== null && (typeof act !== "string" || !(act.toLowerCase() in ACTIVATIONS)))
+      throw new Error(name + ": activation " + JSON.stringify(act) + " is not one the planner reads (" +
+        Object.keys(ACTIVATIONS).join(", ") + "); give a config with one of them");
+    var family = act !== null ? ACTIVATIONS[act.toLowerCase()] : null, isGated;
+    if (TWO_MATRIX_TYPES.indexOf(kind) >= 0) { isGated = false; family = family || "gelu"; }
+    else if (GATED_TYPES.indexOf(kind) >= 0) { isGated = true; family = family || "silu"; }
+    else if (family === "silu" || family === "relu2") isGated = family === "silu";
+    else throw new Error(name + ": model_type " + pyRepr(kind) + " " + (act ? "with activation " + pyRepr(act) : "without an activation") +
+      ": the planner cannot tell a gated MLP (three matrices) from a plain one (two); give hidden_act and a model_type it reads (" +
+      GATED_TYPES.concat(TWO_MATRIX_TYPES).join(", ") + ")");
+    if (isGated) {
+      if (family === "silu" || family === "gelu") return family === "silu" ? "swiglu" : "geglu";
+      throw new Error(name + ": a gated MLP with " + pyRepr(act) + " is not one the planner reads; it reads SwiGLU and GeGLU");
+    }
+    if (family === "silu")
+      throw new Error(name + ": a two-matrix MLP with " + pyRepr(act) + " is not one the planner reads; it reads GELU and ReLU");
+    return family;
+  }
+
   // port of shapes.from_hf_config
   function fromHfConfig(c, name) {
     name = name || "config.json";
@@ -419,21 +454,27 @@
     var hidden = whole(["hidden_size", "n_embd", "n_embed", "d_model"]);
     var layers = whole(["num_hidden_layers", "n_layer", "num_layers"]);
     var heads = whole(["num_attention_heads", "n_head", "num_heads"]);
-    var kv = whole(["num_key_value_heads", "multi_query_group_num"], heads);
+    var kv = whole(["num_key_value_heads", "multi_query_group_num", "num_kv_heads"], c.multi_query ? 1 : heads);
     var vocab = whole(["vocab_size", "padded_vocab_size"]);
-    var tied = !!get(["tie_word_embeddings"], ["gpt2", "bloom", "opt"].indexOf(kind) >= 0);
-    if (["gpt2", "gpt_neox", "bloom", "opt", "gpt_bigcode"].indexOf(kind) >= 0) {
+    var tied = !!get(["tie_word_embeddings"], ["gpt2", "bloom", "opt", "falcon"].indexOf(kind) >= 0);
+    var actKey = ACTIVATION_KEYS.filter(found)[0];
+    var mlp = mlpOf(kind, actKey === undefined ? null : c[actKey], name);
+    if (GPT_TYPES.indexOf(kind) >= 0) {
       var ffn = whole(["ffn_dim", "intermediate_size", "n_inner"], 4 * hidden) || 4 * hidden;
       var position = {bloom: "alibi", gpt_neox: "rope"}[kind] || "learned";
       var maxPos = whole(["n_positions", "max_position_embeddings"], 2048) + (kind === "opt" ? 2 : 0);
       return validateShape(shape({name: name, vocab: vocab, hidden: hidden, layers: layers, heads: heads, kv_heads: kv,
-        ffn: ffn, tied: tied, mlp: "gelu", norm: "layer", bias: true, position: position,
+        ffn: ffn, tied: tied, mlp: mlp, norm: "layer", bias: true, position: position,
         max_positions: position === "learned" ? maxPos : 0, embed_norm: kind === "bloom"}));
     }
+    if (kind === "falcon")
+      return validateShape(shape({name: name, vocab: vocab, hidden: hidden, layers: layers, heads: heads, kv_heads: kv,
+        ffn: whole(["ffn_hidden_size"], 4 * hidden), tied: tied, mlp: mlp, norm: "layer", bias: !!c.bias,
+        position: c.alibi ? "alibi" : "rope"}));
     var f = whole(["intermediate_size", "ffn_hidden_size"]);
     var headDim = (found("head_dim") && c.head_dim !== Math.floor(hidden / heads)) ? (+c.head_dim || 0) : 0;
     var s = shape({name: name, vocab: vocab, hidden: hidden, layers: layers, heads: heads, kv_heads: kv, ffn: f,
-      tied: tied, head_dim: headDim, qkv_bias: !!(c.attention_bias || kind.indexOf("qwen2") === 0), bias: !!c.mlp_bias});
+      tied: tied, mlp: mlp, norm: kind === "nemotron" ? "layer" : "rms", head_dim: headDim, qkv_bias: !!(c.attention_bias || kind.indexOf("qwen2") === 0), bias: !!c.mlp_bias});
     var experts = whole(["num_local_experts", "n_routed_experts", "num_experts"], 0);
     if (experts) {
       s.experts = experts; s.top_k = whole(["num_experts_per_tok", "moe_topk"]);
@@ -449,6 +490,7 @@
 
   // port of shapes.validate
   function validateShape(s) {
+    if (MLPS.indexOf(s.mlp) < 0) throw new Error(s.name + ": MLP '" + s.mlp + "' is not one of " + MLPS.join(", "));
     ["vocab", "hidden", "layers", "heads", "kv_heads", "ffn"].forEach(function (f) {
       if (!(s[f] >= 1)) throw new Error(s.name + ": " + f + " must be at least 1, got " + s[f]);
     });
@@ -569,7 +611,7 @@
   }
 
   function mlpValues(s, width, kernels) {
-    if (s.mlp === "swiglu") return kernels === "book" ? 4 * width : 3 * width;
+    if (gated(s)) return kernels === "book" ? 4 * width : 3 * width;
     return 2 * width;
   }
 
@@ -581,7 +623,7 @@
     var router = moeLayer ? s.experts : 0, dispatched = moeLayer ? s.top_k * h : 0, lse = s.heads;
     if (recompute === "full") return [h, 0];
     if (recompute === "selective") {
-      if (s.mlp === "swiglu") return [h + q + v + out + routed * width + h + router + dispatched, lse];
+      if (gated(s)) return [h + q + v + out + routed * width + h + router + dispatched, lse];
       return [h + q + k + v + out + routed * width + router + dispatched, lse];
     }
     var stats = s.norm === "rms" ? 2 : 4;
@@ -877,8 +919,20 @@
       return "selective checkpointing cannot run under Schedule" + L.schedule + ": torch 2.13's weight-gradient " +
         "pass runs a second backward through each block, which selective checkpointing refuses ('Trying to " +
         "backward an extra time', chapter 12); use recompute none or full, or a schedule without the I/W split";
-    return scheduleProblem(L.schedule, L.p, L.m, L.v, this.req.model.layers);
+    return plannerWords(scheduleProblem(L.schedule, L.p, L.m, L.v, this.req.model.layers));
   };
+
+  // port of search.PLANNER_WORDS and planner_words
+  var PLANNER_WORDS = [[/got --stages-per-rank (\d+); use 2 or more, or Schedule1F1B/, "got v=$1; use v=2 or more, or 1F1B"],
+    [/but --layers is (\d+); raise --layers to \d+ or more/, "but the model has $1 layers; use a smaller pp or v"],
+    [/got --microbatches (\d+); use (\d+) or more/, "got m=$1; use m=$2 or more"],
+    [/--microbatches (\d+) must be a multiple of (\d+); try (\d+) or (\d+)/, "m=$1 must be a multiple of $2; try m=$3 or m=$4"]];
+  function plannerWords(problem) {
+    if (problem === null) return null;
+    PLANNER_WORDS.forEach(function (w) { problem = problem.replace(new RegExp(w[0].source, "g"), w[1]); });
+    if (problem.indexOf("m=") >= 0) problem += " (m = global batch / (dp x b))";
+    return problem;
+  }
 
   // port of _torch_split_backward
   Planner.prototype.torchSplitBackward = function (L) {
@@ -944,7 +998,7 @@
   Planner.prototype.selectiveShare = function (moe) {
     var s = this.req.model, w = attentionWidths(s), k = w[1], out = w[3], h = s.hidden;
     var width = moe ? s.expert_ffn : s.ffn, routed = moe ? s.top_k + s.shared_experts : 1, redone;
-    if (s.mlp === "swiglu") redone = h * k + out * h + routed * h * width;
+    if (gated(s)) redone = h * k + out * h + routed * h * width;
     else redone = out * h + routed * width * h;
     var flops = layerFlops(s, 1, 1, moe).F;
     return Math.min(1.0, 2 * redone / flops);

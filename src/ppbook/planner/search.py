@@ -278,7 +278,29 @@ def constraint_problem(layout: Layout, req: Request) -> str | None:
         return (f"selective checkpointing cannot run under Schedule{layout.schedule}: torch 2.13's weight-gradient "
                 "pass runs a second backward through each block, which selective checkpointing refuses ('Trying to "
                 "backward an extra time', chapter 12); use recompute none or full, or a schedule without the I/W split")
-    return schedules.schedule_problem(layout.schedule, layout.p, layout.m, layout.v, req.model.layers)
+    return planner_words(schedules.schedule_problem(layout.schedule, layout.p, layout.m, layout.v, req.model.layers))
+
+
+# the schedule's refusals name the book's scripts' flags; the planner's name its own layout's keys
+PLANNER_WORDS = ((r"got --stages-per-rank (\d+); use 2 or more, or Schedule1F1B", r"got v=\1; use v=2 or more, or 1F1B"),
+                 (r"but --layers is (\d+); raise --layers to \d+ or more", r"but the model has \1 layers; use a smaller pp or v"),
+                 (r"got --microbatches (\d+); use (\d+) or more", r"got m=\1; use m=\2 or more"),
+                 (r"--microbatches (\d+) must be a multiple of (\d+); try (\d+) or (\d+)",
+                  r"m=\1 must be a multiple of \2; try m=\3 or m=\4"))
+
+
+def planner_words(problem: str | None) -> str | None:
+    """A schedule's refusal (:func:`schedules.schedule_problem`, worded for the scripts' flags) in the
+    planner's words: ``m`` (microbatches: the global batch / (dp x b)), ``v``, the model's layers."""
+    import re
+
+    if problem is None:
+        return None
+    for script_words, words in PLANNER_WORDS:
+        problem = re.sub(script_words, words, problem)
+    if "m=" in problem:
+        problem += " (m = global batch / (dp x b))"
+    return problem
 
 
 def _torch_split_backward(layout: Layout, req: Request) -> bool:
@@ -513,7 +535,7 @@ def selective_share(shape: ModelShape, moe: bool) -> float:
     h = shape.hidden
     width = shape.expert_ffn if moe else shape.ffn
     routed = (shape.top_k + shape.shared_experts) if moe else 1
-    if shape.mlp == "swiglu":
+    if shapes.gated(shape):
         redone = h * k + out * h + routed * h * width           # wk, wo, the up projection
     else:
         redone = out * h + routed * width * h                     # wo, fc2

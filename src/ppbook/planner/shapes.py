@@ -51,7 +51,7 @@ class ModelShape:
     kv_heads: int
     ffn: int                   # MLP width of a dense layer
     tied: bool = False         # the output head reuses the embedding matrix
-    mlp: str = "swiglu"        # "swiglu": three matrices (gate, up, down); "gelu": two
+    mlp: str = "swiglu"        # gated, three matrices (gate, up, down): "swiglu", "geglu"; two: "gelu", "relu", "relu2"
     norm: str = "rms"          # "rms": a scale per norm; "layer": a scale and a bias
     bias: bool = False         # every linear layer has a bias (GPT-3, BLOOM, OPT)
     qkv_bias: bool = False     # only the query, key and value projections do (Qwen2)
@@ -96,6 +96,16 @@ class ModelShape:
         return self.layers - self.dense_layers if self.moe else 0
 
 
+GATED_MLPS = ("swiglu", "geglu")  # three matrices: gate, up, down
+MLPS = (*GATED_MLPS, "gelu", "relu", "relu2")  # the others: two (up, down)
+
+
+def gated(shape: ModelShape) -> bool:
+    """Whether the MLP is gated (SwiGLU, GeGLU: three matrices) rather than two matrices around an
+    activation (GELU, ReLU, squared ReLU)."""
+    return shape.mlp in GATED_MLPS
+
+
 # --- parameter counts -------------------------------------------------------------------------------
 
 def _norm(shape: ModelShape, width: int) -> int:
@@ -122,7 +132,7 @@ def attention_parameters(shape: ModelShape) -> int:
 def mlp_parameters(shape: ModelShape, width: int) -> int:
     """One MLP of inner width ``width``: SwiGLU's three matrices, or a GELU MLP's two (with biases)."""
     h = shape.hidden
-    if shape.mlp == "swiglu":
+    if gated(shape):
         return 3 * h * width + (2 * width + h if shape.bias else 0)
     return 2 * h * width + (width + h if shape.bias else 0)
 
@@ -203,7 +213,7 @@ def block_weight_groups(shape: ModelShape, moe_layer: bool = False) -> int:
         attention = (3 if shape.q_lora_rank else 1) + 3 + 1  # q (down, norm, up) | kv (down, norm, up) | output
     else:
         attention = 4
-    matrices = 3 if shape.mlp == "swiglu" else 2
+    matrices = 3 if gated(shape) else 2
     if moe_layer:
         mlp = 1 + matrices + (matrices if shape.shared_experts else 0)
     else:
@@ -265,10 +275,46 @@ PRESETS: dict[str, ModelShape] = {s.name: s for s in [
 
 # --- a reader's own model -------------------------------------------------------------------------------
 
+# Hugging Face model types by their MLP: gated (three matrices) or two matrices around an activation
+GATED_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "deepseek_v2", "deepseek_v3",
+               "gemma", "gemma2", "gemma3_text", "olmo", "olmo2", "granite", "phi3", "cohere", "internlm2")
+TWO_MATRIX_TYPES = ("gpt2", "gpt_neox", "bloom", "opt", "gpt_bigcode", "falcon", "nemotron", "phi", "starcoder2")
+GPT_TYPES = ("gpt2", "gpt_neox", "bloom", "opt", "gpt_bigcode")  # layer norms, biases everywhere
+ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_new": "gelu", "gelu_fast": "gelu",
+               "gelu_pytorch_tanh": "gelu", "quick_gelu": "gelu", "relu": "relu", "relu2": "relu2"}
+ACTIVATION_KEYS = ("hidden_act", "activation_function", "hidden_activation", "activation")
+
+
+def mlp_of(kind: str, act, name: str) -> str:
+    """The MLP of a Hugging Face model type with activation ``act`` (``None``: not given), from
+    :data:`MLPS`; a ``ValueError`` in one line for what the planner cannot tell, never a guess."""
+    if act is not None and (not isinstance(act, str) or act.lower() not in ACTIVATIONS):
+        raise ValueError(f"{name}: activation {json.dumps(act)} is not one the planner reads "
+                         f"({', '.join(ACTIVATIONS)}); give a config with one of them")
+    family = ACTIVATIONS[act.lower()] if act is not None else None
+    if kind in TWO_MATRIX_TYPES:
+        is_gated, family = False, family or "gelu"
+    elif kind in GATED_TYPES:
+        is_gated, family = True, family or "silu"
+    elif family in ("silu", "relu2"):  # SiLU MLPs are gated (SwiGLU) and squared ReLU's are not, wherever used
+        is_gated = family == "silu"
+    else:
+        raise ValueError(f"{name}: model_type {kind!r} " + (f"with activation {act!r}" if act else "without an activation")
+                         + ": the planner cannot tell a gated MLP (three matrices) from a plain one (two); give "
+                         f"hidden_act and a model_type it reads ({', '.join(GATED_TYPES + TWO_MATRIX_TYPES)})")
+    if is_gated:
+        if family in ("silu", "gelu"):
+            return "swiglu" if family == "silu" else "geglu"
+        raise ValueError(f"{name}: a gated MLP with {act!r} is not one the planner reads; it reads SwiGLU and GeGLU")
+    if family == "silu":
+        raise ValueError(f"{name}: a two-matrix MLP with {act!r} is not one the planner reads; it reads GELU and ReLU")
+    return family
+
 def from_hf_config(config: dict, name: str = "config.json") -> ModelShape:
     """A :class:`ModelShape` from a Hugging Face ``config.json`` (as a dict): Llama, Mistral,
-    Mixtral, Qwen2 (and Qwen2-MoE), GPT-2/GPT-NeoX-style, BLOOM, OPT and DeepSeek-V2/V3 keys.
-    A ``ValueError`` names what is missing."""
+    Mixtral, Qwen2/3 (and their MoE), Gemma, GPT-2/GPT-NeoX-style, BLOOM, OPT, Falcon, Nemotron and
+    DeepSeek-V2/V3 keys, the MLP read from the activation and the model type (:func:`mlp_of`).
+    A ``ValueError`` names what is missing or not understood."""
     c = dict(config)
     kind = str(c.get("model_type", "llama")).lower()
 
@@ -291,18 +337,26 @@ def from_hf_config(config: dict, name: str = "config.json") -> ModelShape:
     hidden = whole("hidden_size", "n_embd", "n_embed", "d_model")
     layers = whole("num_hidden_layers", "n_layer", "num_layers")
     heads = whole("num_attention_heads", "n_head", "num_heads")
-    kv = whole("num_key_value_heads", "multi_query_group_num", default=heads)
+    # Falcon: num_kv_heads (new decoder architecture), or multi_query (one key/value head)
+    kv = whole("num_key_value_heads", "multi_query_group_num", "num_kv_heads", default=1 if c.get("multi_query") else heads)
     vocab = whole("vocab_size", "padded_vocab_size")
-    tied = bool(get("tie_word_embeddings", default=kind in ("gpt2", "bloom", "opt")))
-    if kind in ("gpt2", "gpt_neox", "bloom", "opt", "gpt_bigcode"):
+    tied = bool(get("tie_word_embeddings", default=kind in ("gpt2", "bloom", "opt", "falcon")))
+    act = next((c[k] for k in ACTIVATION_KEYS if c.get(k) is not None), None)
+    mlp = mlp_of(kind, act, name)
+    if kind in GPT_TYPES:
         ffn = whole("ffn_dim", "intermediate_size", "n_inner", default=4 * hidden) or 4 * hidden
         position = {"bloom": "alibi", "gpt_neox": "rope"}.get(kind, "learned")
         max_pos = whole("n_positions", "max_position_embeddings", default=2048) + (2 if kind == "opt" else 0)
-        return validate(ModelShape(name, vocab, hidden, layers, heads, kv, ffn, tied=tied, mlp="gelu", norm="layer",
+        return validate(ModelShape(name, vocab, hidden, layers, heads, kv, ffn, tied=tied, mlp=mlp, norm="layer",
                                    bias=True, position=position, max_positions=max_pos if position == "learned" else 0,
                                    embed_norm=kind == "bloom"))
+    if kind == "falcon":
+        return validate(ModelShape(name, vocab, hidden, layers, heads, kv, whole("ffn_hidden_size", default=4 * hidden),
+                                   tied=tied, mlp=mlp, norm="layer", bias=bool(c.get("bias", False)),
+                                   position="alibi" if c.get("alibi") else "rope"))
     ffn = whole("intermediate_size", "ffn_hidden_size")
-    shape = ModelShape(name, vocab, hidden, layers, heads, kv, ffn, tied=tied,
+    shape = ModelShape(name, vocab, hidden, layers, heads, kv, ffn, tied=tied, mlp=mlp,
+                       norm="layer" if kind == "nemotron" else "rms",
                        head_dim=int(c.get("head_dim") or 0) if c.get("head_dim") not in (None, hidden // heads) else 0,
                        qkv_bias=bool(c.get("attention_bias") or kind.startswith("qwen2")),
                        bias=bool(c.get("mlp_bias", False)))
@@ -340,6 +394,8 @@ def load(name_or_path: str) -> ModelShape:
 
 def validate(shape: ModelShape) -> ModelShape:
     """``shape`` itself, or a ``ValueError`` naming the first impossible size."""
+    if shape.mlp not in MLPS:
+        raise ValueError(f"{shape.name}: MLP {shape.mlp!r} is not one of {', '.join(MLPS)}")
     for field in ("vocab", "hidden", "layers", "heads", "kv_heads", "ffn"):
         if getattr(shape, field) < 1:
             raise ValueError(f"{shape.name}: {field} must be at least 1, got {getattr(shape, field)}")
