@@ -69,6 +69,45 @@ def test_narrow_blocks_fall_back_to_the_microbatch_and_tiny_ones_stay_bare():
     assert {"F0", "B0"} <= set(drawn_labels(ax2))
 
 
+def test_a_short_label_at_a_readable_size_beats_a_long_one_at_the_smallest():
+    # chapter 3's idea figure: the batch uncut and in 4 microbatches on one axis; at m = 4 a block is
+    # too narrow for "F0" at a readable size, and its panel says "0" rather than "F0" in tiny type
+    fig, axes = plt.subplots(2, 1, figsize=(8, 3.6), sharex=True)
+    for ax, m in zip(axes, (1, 4)):
+        events = simulate.simulate(simulate.gpipe_order(4, m), {"F": 4.0 / m, "B": 8.0 / m})
+        timeline.plot(events, ax=ax, time_unit="s")
+    fig.tight_layout()
+    fig.canvas.draw()
+    uncut, cut = ([t for t in ax.texts if t.fits] for ax in axes)
+    assert sorted(t.get_text() for t in uncut) == sorted(f"{k}0" for k in "FB" for _ in range(4))
+    assert cut and all(t.get_text().isdigit() for t in cut)
+    assert min(t.get_fontsize() for t in cut) > timeline._LABEL_SIZES[-1]
+
+
+def sliver_timeline(width: float):
+    """Ten forward blocks of one unit, then one of ``width`` (a sliver such as a noisy host records)."""
+    events = [Event(0, 0, "F", i, float(i), i + 1.0) for i in range(10)]
+    return events + [Event(0, 0, "F", 10, 10.0, 10.0 + width)]
+
+
+def test_a_sliver_stays_bare_rather_than_shrink_every_label_of_its_panel():
+    for width in (0.25, 0.24, 0.26, 0.23, 0.27, 0.22, 0.28):  # the sliver that holds "10" at 5 points only
+        fig, ax = plt.subplots(figsize=(6, 1.2))
+        timeline.plot(sliver_timeline(width), ax=ax, time_unit="s", legend=False)
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        sliver = ax.texts[-1]
+        if sliver._fits(renderer, "10", 5) and not sliver._fits(renderer, "10", 6):
+            break
+        plt.close(fig)
+    else:
+        pytest.fail("no sliver width holds its label at 5 points only; adjust the widths tried")
+    fig.canvas.draw()
+    shown = [t for t in ax.texts if t.fits]
+    assert len(shown) == 10 and not sliver.fits  # the ten wide blocks keep theirs, the sliver stays bare
+    assert min(t.get_fontsize() for t in shown) > timeline._LABEL_SIZES[-1]
+
+
 @pytest.mark.parametrize("size", [(8, 2), (3, 1), (1.5, 0.8)])
 def test_no_label_spills_out_of_its_block(size):
     events = simulate.simulate(simulate.torch_order("Interleaved1F1B", 2, 4), {"F": 1.0, "B": 2.0})

@@ -250,14 +250,30 @@ def _block_label_class():
                 super().draw(renderer)
 
     def _choose(renderer, labels) -> tuple[int, int]:
-        """(level, size): the first, in order of preference, that every labellable block fits."""
-        smallest = _LABEL_SIZES[-1]
+        """(level, size): the first, in order of preference, that every labellable block fits. A
+        shorter label at a readable size beats a longer one at the smallest: the colour already
+        says the kind, so ``"3"`` at 7 points reads better than ``"F3"`` at 5. And where only a few
+        blocks (one in ten at most, say a sliver a noisy host recorded) would hold a label at the
+        smallest size alone, those few stay bare rather than shrink the whole panel's type."""
+        smallest, readable_min = _LABEL_SIZES[-1], _LABEL_SIZES[-2]
         able = [b for b in labels if b._fits(renderer, b.candidates[-1], smallest)]
+        legible = [b for b in able if b._fits(renderer, b.candidates[-1], readable_min)]
         depth = max((len(b.candidates) for b in labels), default=1)
-        for level in range(depth):
-            for size in _LABEL_SIZES:
-                if all(b._fits(renderer, b.candidates[min(level, len(b.candidates) - 1)], size) for b in able):
+
+        def every(blocks, level, size):
+            return all(b._fits(renderer, b.candidates[min(level, len(b.candidates) - 1)], size) for b in blocks)
+
+        readable = [(level, size) for level in range(depth) for size in _LABEL_SIZES[:-1]]
+        for level, size in readable:
+            if every(able, level, size):
+                return level, size
+        if legible and 10 * len(legible) >= 9 * len(able):
+            for level, size in readable:
+                if every(legible, level, size):
                     return level, size
+        for level in range(depth):
+            if every(able, level, smallest):
+                return level, smallest
         return depth - 1, smallest
 
     return BlockLabel

@@ -45,8 +45,8 @@ class Device:
     @property
     def holds(self) -> str:
         """What the device holds, in words (the text in its box)."""
-        if self.slices > 1:
-            return f"{self.slice_index + 1}/{self.slices} of\nevery layer"
+        if self.slices > 1:  # every device holds the same share; where its slice sits tells them apart
+            return f"1/{self.slices} of\nevery layer"
         if len(self.layers) == 1:
             return f"layer {self.layers[0]}"
         return f"layers {self.layers[0]}-{self.layers[-1]}"
@@ -135,9 +135,10 @@ def draw_layout(ax, lay: Layout, n_layers: int) -> None:
         for a, b in zip(lay.devices, lay.devices[1:]):
             y = 0.1 + (a.layers[-1] + 0.9) * BAR_H
             x1, x2 = a.index * (BOX_W + GAP) + BOX_W, b.index * (BOX_W + GAP)
-            ax.add_patch(FancyArrowPatch((x1, y), (x2, y), arrowstyle="-|>", mutation_scale=8, color=FORWARD))
-            ax.add_patch(FancyArrowPatch((x2, y - 0.14), (x1, y - 0.14), arrowstyle="-|>", mutation_scale=8,
-                                         color=BACKWARD))
+            ax.add_patch(FancyArrowPatch((x1, y), (x2, y), arrowstyle="-|>", mutation_scale=11, linewidth=1.4,
+                                         color=FORWARD))
+            ax.add_patch(FancyArrowPatch((x2, y - 0.17), (x1, y - 0.17), arrowstyle="-|>", mutation_scale=11,
+                                         linewidth=1.4, color=BACKWARD))
     else:  # every device talks to every other: one bracket under them all
         ax.add_patch(FancyArrowPatch((0.1, -1.05), (right - 0.1, -1.05), arrowstyle="<|-|>", mutation_scale=8,
                                      color=BOTH if lay.kind == "tensor" else BACKWARD))

@@ -42,15 +42,31 @@ def label(unit: str) -> str:
     return f"layer {index}" if index else SHORT.get(head, head)
 
 
+def _text_colour(colour: str) -> str:
+    """White on a dark box, near-black on a light one, so a unit's name reads on every stage colour."""
+    from matplotlib.colors import to_rgb
+
+    r, g, b = to_rgb(colour)
+    return "white" if 0.299 * r + 0.587 * g + 0.114 * b < 0.6 else "#222222"
+
+
+def _shade(colour: str, amount: float = 0.35) -> tuple[float, float, float]:
+    """``colour`` this much closer to black: a light stage colour still reads as text on white."""
+    from matplotlib.colors import to_rgb
+
+    return tuple(c * (1 - amount) for c in to_rgb(colour))
+
+
 def draw(rows: dict[str, list[list[str]]], ax=None, title: str | None = None):
     """One row per way of splitting (``{"by hand": [[units of stage 0], [units of stage 1]], ...}``):
-    the units as boxes along the row, coloured by stage, a gap and an arrow where one stage hands
-    its activations to the next, each stage named above its boxes. Returns ``ax``."""
+    the units as boxes along the row, coloured by stage, a gap where one stage hands its activations
+    to the next (an arrow forward) and receives their gradients back (an arrow back), each stage
+    named above its boxes. Returns ``ax``."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import FancyBboxPatch
 
     ax = ax or plt.gca()
-    gap, width, height = 0.6, 1.0, 0.56
+    gap, width, height = 1.0, 1.0, 0.56
     longest = 0.0
     for y, (name, stages) in enumerate(rows.items()):
         x = 0.0
@@ -61,19 +77,23 @@ def draw(rows: dict[str, list[list[str]]], ax=None, title: str | None = None):
                 ax.add_patch(FancyBboxPatch((x + 0.04, y - height / 2), width - 0.08, height,
                                             boxstyle="round,pad=0.01,rounding_size=0.06", facecolor=colour,
                                             edgecolor="white"))
-                ax.text(x + width / 2, y, label(unit), ha="center", va="center", fontsize=7.5, color="white")
+                ax.text(x + width / 2, y, label(unit), ha="center", va="center", fontsize=7.5,
+                        color=_text_colour(colour))
                 x += width
             ax.text((first + x) / 2, y - height / 2 - 0.06, f"stage {s}", ha="center", va="bottom", fontsize=8,
-                    color=colour, fontweight="bold")
-            if s < len(stages) - 1:
-                ax.annotate("", xy=(x + gap - 0.05, y), xytext=(x + 0.05, y),
-                            arrowprops={"arrowstyle": "->", "color": "#555555", "lw": 1.2})
-                ax.text(x + gap / 2, y - 0.08, "activations", ha="center", va="bottom", fontsize=6, color="#555555")
+                    color=_shade(colour), fontweight="bold")
+            if s < len(stages) - 1:  # forward above the row's middle, backward below it
+                for dy, (tail, head), words, va in ((-0.09, (x + 0.08, x + gap - 0.08), "activations", "bottom"),
+                                                    (0.09, (x + gap - 0.08, x + 0.08), "gradients", "top")):
+                    ax.annotate("", xy=(head, y + dy), xytext=(tail, y + dy),
+                                arrowprops={"arrowstyle": "-|>", "color": "#555555", "lw": 1.2})
+                    ax.text(x + gap / 2, y + dy + (-0.05 if va == "bottom" else 0.05), words, ha="center", va=va,
+                            fontsize=6.5, color="#555555")
                 x += gap
         longest = max(longest, x)
     ax.set_yticks(range(len(rows)), list(rows))
     ax.tick_params(axis="y", length=0)
-    ax.set_ylim(len(rows) - 0.4, -0.8)
+    ax.set_ylim(len(rows) - 0.45, -0.75)
     ax.set_xlim(-0.1, longest + 0.1)
     ax.set_xticks([])
     for side in ("top", "right", "bottom", "left"):
