@@ -28,6 +28,7 @@ from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
 from ppbook import dist as ppdist
 from ppbook import cli
+from ppbook.packing import document_mask  # (B, T) document ids -> (B, 1, T, T), chapter 15
 from ppbook.data import inputs_and_targets
 from ppbook.driver import schedule_step
 from ppbook.models import LlamaConfig, build_model
@@ -139,14 +140,6 @@ def gradient_scaling_cases(info, m: int = 4, seq_len: int = 16, seed: int = 0) -
     )
     # [end-cases]
     return cases
-
-
-def document_mask(doc_ids: torch.Tensor) -> torch.Tensor:
-    """(B, T) document index of each position -> (B, 1, T, T): causal, and within one document."""
-    T = doc_ids.shape[1]
-    causal = torch.ones(T, T, dtype=torch.bool, device=doc_ids.device).tril()  # (T, T)
-    same_doc = doc_ids[:, :, None] == doc_ids[:, None, :]  # (B, T, T)
-    return (causal & same_doc)[:, None]
 
 
 # [start-packed]

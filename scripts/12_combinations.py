@@ -61,6 +61,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from tqdm import tqdm
 
 from ppbook import cli, data, fsdp_probe, kernels, measure, precision, recompute, simulate, timeline, training, workload
+from ppbook.packing import document_mask  # (B, T) document ids -> (B, 1, T, T), chapter 15
 from ppbook.dist import gather_to_rank0
 from ppbook.models import LlamaConfig, RMSNorm, build_model
 from ppbook.planner import memory as planner_memory
@@ -850,13 +851,6 @@ def naive_lengths(args, info) -> dict:
         row["loss"] = loss
     return {"steps": steps, "max_grad_diff": max(r["max_grad_diff"] for r in steps),
             "max_loss_diff": max(abs(r["loss"] - r["reference_loss"]) for r in steps)}
-
-
-def document_mask(doc_ids: torch.Tensor) -> torch.Tensor:
-    """(B, T) document of each position -> (B, 1, T, T): causal, and within one document."""
-    T = doc_ids.shape[1]
-    causal = torch.ones(T, T, dtype=torch.bool, device=doc_ids.device).tril()  # (T, T)
-    return (causal & (doc_ids[:, :, None] == doc_ids[:, None, :]))[:, None]
 
 
 class Documents(torch.nn.Module):
