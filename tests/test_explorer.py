@@ -174,7 +174,9 @@ def plan_requests() -> list[search.Request]:
                                   kernels=("fused", "unfused", "book")[k // 3 % 3],
                                   sequence_parallel=k % 6 != 1, headroom=(0.1, 0.05)[k % 2],
                                   max_microbatch_size=(2, 4)[k % 2], fsdp_reshard=("default", "always", "never")[k % 3],
-                                  stage_io=("torch", "freed")[k % 4 == 2]))
+                                  stage_io=("torch", "freed")[k % 4 == 2],
+                                  # pinned stages per rank (beyond max_v) and data-parallel sizes
+                                  vs=(2, 5) if k % 8 == 6 else (), dps=(2, 4, 8) if k % 10 == 4 else ()))
     return out
 
 

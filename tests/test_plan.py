@@ -685,3 +685,18 @@ def test_the_mlp_is_read_from_the_activation_and_the_model_type(tmp_path, capsys
     path.write_text(json.dumps({**nemotron, "model_type": "mine", "hidden_act": "gelu"}))
     status, out = in_process(with_change(["--model", str(path)]), capsys)
     assert status == 2 and "cannot tell a gated MLP" in out and len(out.strip().splitlines()) == 1
+
+
+def test_stages_per_rank_and_data_parallel_sizes_can_be_pinned(tmp_path, capsys):
+    """--v pins v beyond --max-v (published interleaved runs use 5, 7, 12), --dp pins dp; a pin
+    nothing satisfies is refused in one line."""
+    out_json = tmp_path / "plan.json"
+    status, out = in_process(["--model", "llama3-70b", "--gpus", "64", "--global-batch", "512", "--seq-len", "8192",
+                              "--v", "5", "7", "--dp", "8", "--json", str(out_json)], capsys)
+    ranked = json.loads(out_json.read_text())["ranked"]
+    assert status == 0 and ranked
+    assert all(o["v"] in (5, 7) and o["dp"] == 8 and o["p"] > 1 for o in ranked)
+    req = search.with_layout(request("llama3-70b", 64, 512), vs=(12,), pps=(2,))
+    assert {c.v for c in search.candidates(req)} == {12}
+    status, out = in_process(with_change(["--dp", "3"]), capsys)
+    assert status == 2 and "no layout has dp in [3]" in out and len(out.strip().splitlines()) == 1

@@ -109,6 +109,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "data-parallel size and the experts)")
     g.add_argument("--max-p", type=int, default=32, help="largest pipeline size tried")
     g.add_argument("--max-v", type=int, default=4, help="most stages per rank of the looped schedules")
+    g.add_argument("--v", type=int, nargs="+", default=None,
+                   help="pin the stages per rank: the looped schedules try only these (beyond --max-v), the "
+                        "V-shaped ones need 2 among them, the others 1")
+    g.add_argument("--dp", type=int, nargs="+", default=None, help="pin the data-parallel sizes tried")
     g.add_argument("--microbatch-sizes", type=int, nargs="+", default=None)
     g.add_argument("--max-microbatch-size", type=int, default=8)
     g.add_argument("--schedules", nargs="+", default=list(schedules.TORCH_SCHEDULES))
@@ -188,6 +192,7 @@ def request_from(args: argparse.Namespace) -> search.Request:
         if bad:
             raise ValueError(f"{flag}: unknown {', '.join(map(repr, bad))}; use some of {', '.join(allowed)}")
     for flag, values in (("--tp", args.tp or []), ("--pp", args.pp or []), ("--ep", args.ep or []),
+                         ("--v", args.v or []), ("--dp", args.dp or []),
                          ("--microbatch-sizes", args.microbatch_sizes or [])):
         for x in values:
             _finite(flag, x, 1, inclusive=True)
@@ -196,6 +201,7 @@ def request_from(args: argparse.Namespace) -> search.Request:
                          sequence_parallel=not args.no_sequence_parallel, headroom=args.headroom,
                          tps=tuple(args.tp or ()), pps=tuple(args.pp or ()), eps=tuple(args.ep or ()),
                          max_p=max(args.max_p, *(args.pp or [1])), max_v=args.max_v,
+                         vs=tuple(args.v or ()), dps=tuple(args.dp or ()),
                          max_microbatch_size=args.max_microbatch_size, microbatch_sizes=tuple(args.microbatch_sizes or ()),
                          schedules=tuple(args.schedules), shardings=tuple(args.sharding),
                          recomputes=tuple(args.recompute), balances=tuple(args.balance),
@@ -212,6 +218,11 @@ def request_from(args: argparse.Namespace) -> search.Request:
     problem = search.request_problem(req)
     if problem:
         raise ValueError(problem)
+    if (args.v or args.dp) and not search.candidates(req):
+        raise ValueError(f"no layout has {'v in ' + str(args.v) if args.v else ''}{' and ' if args.v and args.dp else ''}"
+                         f"{'dp in ' + str(args.dp) if args.dp else ''} (dp = --gpus / (tp x pp) must divide "
+                         f"--global-batch; v 1 is no pipeline or GPipe/1F1B, 2 the V-shaped schedules); "
+                         "pin other values or leave --v and --dp out")
     return req
 
 
@@ -723,7 +734,8 @@ def main(argv=None) -> int:
         return 2
     ranked, dropped = search.plan(req)
     print("\n".join(header(req, ranked)))
-    print("\n".join(assumptions(args, req)))
+    for line in assumptions(args, req):
+        print(line)
     print("\n".join(table(ranked, args.top, req)))
     if ranked:
         print(f"{len(ranked)} layouts ranked, {len(dropped)} dropped (--why says why); the others cannot come "

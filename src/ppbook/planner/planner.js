@@ -844,6 +844,18 @@
     return opts.filter(function (e) { return dp % e === 0 && s.experts % e === 0; });
   };
 
+  // port of stages_per_rank_tried
+  function stagesPerRankTried(req, kind) {
+    var out = [];
+    if (kind === "loop") {
+      if (req.vs.length) return req.vs.filter(function (v) { return v >= 2; });
+      for (var v = 2; v <= req.max_v; v++) out.push(v);
+      return out;
+    }
+    var one = kind === "v" ? 2 : 1;
+    return !req.vs.length || req.vs.indexOf(one) >= 0 ? [one] : [];
+  }
+
   Planner.prototype.candidates = function () {
     var self = this, req = this.req, out = [], tps = this.tensorParallelSizes();
     var bs = req.microbatch_sizes.length ? req.microbatch_sizes : [1, 2, 4, 8, 16, 32].filter(function (x) { return x <= req.max_microbatch_size; });
@@ -852,16 +864,15 @@
       for (var p = 1; p <= ranks; p++) {
         if (!pipelineSize(req, ranks, p)) continue;
         var dp = ranks / p;
+        if (req.dps.length && req.dps.indexOf(dp) < 0) continue;
         self.expertParallelSizes(dp).forEach(function (ep) {
           bs.forEach(function (b) {
             if (req.global_batch % (dp * b)) return;
             var m = req.global_batch / (dp * b);
             var names = p === 1 ? [NO_PIPELINE] : req.schedules;
             names.forEach(function (name) {
-              var kind = name === NO_PIPELINE ? "single" : placement(name), vs = [];
-              if (kind === "loop") for (var v = 2; v <= req.max_v; v++) vs.push(v);
-              else vs.push(kind === "v" ? 2 : 1);
-              vs.forEach(function (v) {
+              var kind = name === NO_PIPELINE ? "single" : placement(name);
+              stagesPerRankTried(req, kind).forEach(function (v) {
                 (dp > 1 ? req.shardings : ["none"]).forEach(function (sharding) {
                   req.recomputes.forEach(function (recompute) {
                     (p > 1 ? req.balances : ["even"]).forEach(function (balance) {

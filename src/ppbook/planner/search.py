@@ -63,6 +63,8 @@ class Request:
     eps: tuple[int, ...] = ()           # expert-parallel sizes to try (default: every one that divides dp and the experts)
     max_p: int = 32
     max_v: int = 4
+    vs: tuple[int, ...] = ()            # stages per rank to try, pinned (default: 2 to max_v for the looped schedules)
+    dps: tuple[int, ...] = ()           # data-parallel sizes to try, pinned (default: whatever the GPUs leave)
     max_microbatch_size: int = 8
     microbatch_sizes: tuple[int, ...] = ()   # to try (default: powers of two up to max_microbatch_size)
     schedules: tuple[str, ...] = schedules.TORCH_SCHEDULES
@@ -248,9 +250,21 @@ def candidates(req: Request) -> list[Layout]:
         ranks = req.gpus // tp
         for p in pipeline_sizes(req, ranks):
             dp = ranks // p
+            if req.dps and dp not in req.dps:
+                continue
             for ep in expert_parallel_sizes(req, dp):
                 out += _candidates_of(req, tp, p, dp, ep)
     return out
+
+
+def stages_per_rank_tried(req: Request, kind: str) -> list[int]:
+    """The values of v tried for a schedule of placement ``kind`` (``single`` also for no pipeline):
+    the pinned ``vs`` where given (a looped schedule takes each of 2 or more, beyond ``max_v``), else
+    2 to ``max_v`` for a looped schedule, 2 for a V-shaped one, 1 otherwise."""
+    if kind == "loop":
+        return [v for v in req.vs if v >= 2] if req.vs else list(range(2, req.max_v + 1))
+    v = 2 if kind == "v" else 1
+    return [v] if not req.vs or v in req.vs else []
 
 
 def _candidates_of(req: Request, tp: int, p: int, dp: int, ep: int) -> list[Layout]:
@@ -261,7 +275,7 @@ def _candidates_of(req: Request, tp: int, p: int, dp: int, ep: int) -> list[Layo
         m = req.global_batch // (dp * b)
         for name in [NO_PIPELINE] if p == 1 else list(req.schedules):
             kind = "single" if name == NO_PIPELINE else schedules.placement(name)
-            for v in range(2, req.max_v + 1) if kind == "loop" else [2] if kind == "v" else [1]:
+            for v in stages_per_rank_tried(req, kind):
                 for sharding in (req.shardings if dp > 1 else ("none",)):
                     for recompute in req.recomputes:
                         for balance in (req.balances if p > 1 else ("even",)):
