@@ -3,6 +3,8 @@ from file:// (as a reader who built the book opens it): Qwen2.5-7B's config.json
 the first pipelined layout of the table selected.
 
     make book && .venv/bin/python tools/screenshot_planner.py [--site _build/html] [--out book/images/planner.png]
+    .venv/bin/python tools/screenshot_planner.py --standalone    # without a built site: the planner's own
+                                                                  # fragment on a bare page (no theme)
 """
 
 from __future__ import annotations
@@ -28,7 +30,19 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--site", default=str(ROOT / "_build" / "html"))
     ap.add_argument("--out", default=str(ROOT / "book" / "images" / "planner.png"))
+    ap.add_argument("--standalone", action="store_true",
+                    help="take it from the planner's own HTML fragment (ppbook.explorer.page) on a bare page, "
+                         "without building the book (the theme's fonts and column are absent)")
     args = ap.parse_args()
+    if args.standalone:
+        import tempfile
+
+        args.site = tempfile.mkdtemp(prefix="planner-page-")
+        (Path(args.site) / "book").mkdir()
+        (Path(args.site) / "book" / "explorer.html").write_text(
+            '<!doctype html><html><head><meta charset="utf-8"><title>planner</title></head>'
+            '<body style="font-family: sans-serif; font-size: 15px; max-width: 880px; margin: 8px">'
+            f"{explorer.page()}</body></html>")
     page_path = Path(args.site) / "book" / "explorer.html"
     if not page_path.is_file():
         print(f"screenshot_planner: error: no {page_path}; run `make book` first (or give --site)", file=sys.stderr)

@@ -53,6 +53,18 @@
   const gb = (x) => (x / GB).toFixed(1);
   const pct = (x) => (100 * x).toFixed(1) + "%";
   function seconds(x) { return x >= 1 ? x.toFixed(2) + " s" : (1e3 * x).toFixed(x >= 0.01 ? 1 : 2) + " ms"; }
+  // the band of chapter 10 (ppbook.planner.calibration): the model's times corrected by the published runs
+  function band(req) {
+    const c = data.calibration, family = c.family[req.gpu.name];
+    return c.bands[family] || c.bands[c.pooled];
+  }
+  const sig = (x) => String(Number(x.toPrecision(2)));
+  function stepText(stepS, b) {
+    const centre = stepS * b.factor;
+    return (centre >= 1 ? sig(centre) + " s" : sig(1e3 * centre) + " ms") + " per step (" +
+      (centre >= 1 ? sig(centre * (1 + b.low)) + " to " + sig(centre * (1 + b.high)) + " s)"
+        : sig(1e3 * centre * (1 + b.low)) + " to " + sig(1e3 * centre * (1 + b.high)) + " ms)");
+  }
 
   // --- the page's structure -------------------------------------------------------------------
   const modes = h("div", {class: "ppx-modes", role: "radiogroup"}, [
@@ -214,7 +226,7 @@
     if (ranked.length) {
       $("ppx-summary").textContent = ranked.length + " layouts ranked, " + result.dropped.length + " dropped (they do " +
         "not fit, or a schedule refuses their microbatch count); the others cannot come within " +
-        Math.round(100 * data.slack) + "% of the winner. " +
+        Math.round(100 * data.slack) + "% of the winner. " + bandNote(req) + thinNote(req) +
         "Click a row, or change the layout below.";
       choose(ranked[0].layout);
     } else {
@@ -227,6 +239,20 @@
     root.dataset.plans = String(Number(root.dataset.plans) + 1);
   }
 
+  function bandNote(req) {
+    const b = band(req);
+    return "Times are the model's corrected by " + b.runs + " published runs (" + b.family + ": ÷ " +
+      b.factor.toFixed(2) + "), within " + Math.round(100 * b.low) + "% to +" + Math.round(100 * b.high) +
+      "% on the record (chapter 10); the winner: " + stepText(ranked[0].step_s, b) + ". ";
+  }
+  function thinNote(req) {
+    const win = ranked[0], usable = P.usableBytes(req);
+    if (win.peak_bytes <= usable * (1 - data.calibration.thin_margin)) return "";
+    const roomy = ranked.find((o) => o.peak_bytes <= usable * (1 - data.calibration.thin_margin));
+    return "Thin margin: the winner leaves " + (100 * (1 - win.peak_bytes / usable)).toFixed(1) + "% of the usable " +
+      "memory free" + (roomy ? "; the fastest layout with a comfortable margin is " + roomy.label + ". " : ". ");
+  }
+
   function table(rows) {
     const experts = rows.slice(0, TOP).some((o) => (o.layout.ep || 1) > 1);  // an ep column where it is used
     // narrow enough for the theme's content column: long headers on two lines, soft hyphens where
@@ -235,12 +261,13 @@
       "m", "re\u00adcompute", "step", "tokens/s\nper GPU", "MFU", "bubble", "GB\nper GPU"]);
     const t = $("ppx-table");
     t.replaceChildren(h("thead", {}, [h("tr", {}, head.map((x) => h("th", {text: x})))]));
-    const body = h("tbody");
+    const body = h("tbody"), b = band(planner.req);
     rows.slice(0, TOP).forEach((o, i) => {
       const L = o.layout;
       const cells = [i + 1, L.tp, L.p, L.v, L.dp].concat(experts ? [L.ep] : []).concat([L.sharding, L.schedule, L.b, L.m,
-        L.recompute, seconds(o.step_s),
-        Math.round(o.tokens_per_s_per_gpu), Math.round(100 * o.mfu) + "%", pct(o.bubble), gb(o.peak_bytes)]);
+        L.recompute, seconds(o.step_s * b.factor),
+        Math.round(o.tokens_per_s_per_gpu / b.factor), Math.round(100 * o.mfu / b.factor) + "%", pct(o.bubble),
+        gb(o.peak_bytes)]);
       const tr = h("tr", {tabindex: 0, "data-label": o.label, "data-step-s": o.step_s, "data-peak-bytes": o.peak_bytes,
                           "data-bubble": o.bubble, title: o.label}, cells.map((c) => c === L.schedule ?
         h("td", {class: "ppx-name"}, String(c).split(/(?<=[a-z])(?=[A-Z][a-z])/).flatMap((w, j) => j ? [h("wbr"), w] : [w])) :
@@ -337,7 +364,7 @@
       root.dataset.layout = P.label(L);
       return;
     }
-    const pred = planner.predict(L, false);
+    const pred = planner.predict(L, false), b = band(req);
     const worst = pred.memory.reduce((a, r) => r.total > a.total ? r : a);
     const usable = P.usableBytes(req), fits = worst.total <= usable;
     const win = ranked[0];
@@ -349,9 +376,10 @@
     }
     stats.textContent = P.label(L) + ": " + (fits ? "fits, " + gb(worst.total) + " GB on the fullest GPU (rank " + worst.rank + ")"
       : "does not fit: rank " + worst.rank + " needs " + gb(worst.total) + " GB of " + gb(usable) + " usable") +
-      "; " + seconds(pred.step_s) + " per step: pipeline " + seconds(pred.pipeline_s) + " (bubble " + pct(pred.bubble) +
-      "), data-parallel traffic not hidden " + seconds(pred.dp_exposed_s) + ", optimizer " + seconds(pred.optimizer_s) +
-      "; " + Math.round(pred.tokens_per_s_per_gpu) + " tokens/s per GPU, " + Math.round(100 * pred.mfu) + "% MFU" +
+      "; " + stepText(pred.step_s, b) + ": pipeline " + seconds(pred.pipeline_s * b.factor) + " (bubble " + pct(pred.bubble) +
+      "), data-parallel traffic not hidden " + seconds(pred.dp_exposed_s * b.factor) + ", optimizer " +
+      seconds(pred.optimizer_s * b.factor) + "; " + Math.round(pred.tokens_per_s_per_gpu / b.factor) +
+      " tokens/s per GPU, " + Math.round(100 * pred.mfu / b.factor) + "% MFU (calibrated)" +
       (verdict ? "; " + verdict : "") + (pred.estimated ? "" : " (action times measured on an H100)");
     stats.dataset.stepS = pred.step_s;
     root.dataset.layout = P.label(L);

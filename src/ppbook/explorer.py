@@ -20,7 +20,7 @@ from importlib import resources
 from pathlib import Path
 
 from ppbook import timeline
-from ppbook.planner import costs, hardware, memory, schedules, search, shapes
+from ppbook.planner import calibration, costs, hardware, memory, schedules, search, shapes
 
 # What the page asks first: a model most readers know, on four nodes, with a batch small enough
 # that the first timeline can be read (a few dozen actions per rank, not hundreds).
@@ -48,6 +48,10 @@ def planner_data() -> dict:
                     "recompute": list(memory.RECOMPUTE), "balance": list(search.BALANCES),
                     "recipe": list(memory.RECIPES), "kernels": list(memory.KERNELS)},
         "colours": timeline.KIND_COLOURS,
+        # the band every printed time carries (chapter 10): each GPU's family, each family's band
+        "calibration": {"family": dict(calibration.FAMILY),
+                        "bands": {k: asdict(b) for k, b in calibration.bands().items()},
+                        "pooled": calibration.POOLED, "thin_margin": calibration.THIN_MARGIN},
     }
 
 
