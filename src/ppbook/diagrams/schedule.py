@@ -1,6 +1,6 @@
 """A schedule's order drawn as rows per rank, every block labelled with its microbatch.
 
-Introduced in chapter 5 ("The schedules"); chapter 3 uses it too. One picture for one question:
+Introduced in chapter 5 ("The schedules"). One picture for one question:
 *which pass does each rank run, on which microbatch, in what order?* The blocks come from the
 schedule's own order, never from hand-typed coordinates:
 
@@ -21,11 +21,13 @@ Where the blocks go along the row:
 - no ``costs``, a plain order: every action costs one step and starts when its input is ready
   (the same simulator with unit costs), so the rows line up as the data flow allows.
 
-Colours: forward (F), full backward (B = I + W), input-gradient pass (I), weight-gradient pass (W),
-the same as :data:`ppbook.timeline.KIND_COLOURS`, and the legend's words are the timelines'. The
-legend is drawn in the figure. On schedules
-where a rank holds several stages (looped and V-shaped), each block is labelled
-``microbatch`` over ``s<stage>`` and a rank's later chunks are drawn in a lighter shade.
+Colours, labels and legend are the timelines' (:mod:`ppbook.timeline`, one piece of code for
+both): forward (F), full backward (B = I + W), input-gradient pass (I), weight-gradient pass (W);
+a rank's later chunks (looped and V-shaped schedules) drawn lighter. Each block names its
+microbatch, in the longest form that fits every block of its panel at a readable size (``F3``
+or ``3``; on a rank holding several stages ``5F3``, ``3`` over ``s5``, or ``3``), chosen when the
+figure is drawn, so no label spills out of a small block. The legend is drawn in the figure, once,
+beside its top panel.
 
     >>> from ppbook import simulate
     >>> from ppbook.diagrams import schedule
@@ -38,14 +40,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ppbook import timeline
+from ppbook.planner.events import Event
 from ppbook.planner.schedules import Action
 from ppbook.planner.simulate import simulate
-from ppbook.timeline import KIND_COLOURS
-from ppbook.timeline import KIND_NAMES as _NAMES
 
-KIND_NAMES = {k: f"{k}: {name}" for k, name in _NAMES.items()}  # the legend's words, as the timelines'
 _TORCH_KINDS = {"FORWARD": "F", "FULL_BACKWARD": "B", "BACKWARD_INPUT": "I", "BACKWARD_WEIGHT": "W"}
-LIGHTER = 0.45  # how far a rank's later chunks are mixed towards white (as in ppbook.timeline)
 
 
 @dataclass(frozen=True)
@@ -59,15 +59,15 @@ class Block:
     start: float
     end: float
     chunk: int
-    multi: bool  # the rank holds several stages: the label names the stage too
-
-    @property
-    def label(self) -> str:
-        return f"{self.microbatch}\ns{self.stage}" if self.multi else str(self.microbatch)
 
     @property
     def action(self) -> Action:
         return Action(self.stage, self.kind, self.microbatch)
+
+    @property
+    def event(self) -> Event:
+        """The block as a timeline event, for :mod:`ppbook.timeline`'s colours and labels."""
+        return Event(self.rank, self.stage, self.kind, self.microbatch, self.start, self.end)
 
 
 def _as_actions(entry) -> list[Action] | None:
@@ -99,48 +99,33 @@ def blocks(order, costs=None, latency: float = 0.0) -> list[Block]:
         events = simulate(plain, costs if costs is not None else (lambda a: 1.0), latency=latency)
         placed = [(e.rank, Action(e.stage, e.kind, e.microbatch), e.start, e.end) for e in events]
     held = {rank: sorted({a.stage for a in acts}) for rank, acts in plain.items()}
-    multi = any(len(s) > 1 for s in held.values())
-    out = [Block(rank, a.stage, a.kind, a.microbatch, s, e, held[rank].index(a.stage), multi)
-           for rank, a, s, e in placed]
+    out = [Block(rank, a.stage, a.kind, a.microbatch, s, e, held[rank].index(a.stage)) for rank, a, s, e in placed]
     return sorted(out, key=lambda b: (b.rank, b.start))
 
 
-def colour(kind: str, chunk: int = 0) -> tuple[float, float, float]:
-    """The block colour of ``kind``; a rank's later chunks lighter."""
-    from matplotlib.colors import to_rgb
-
-    base = to_rgb(KIND_COLOURS[kind])
-    mix = LIGHTER if chunk else 0.0
-    return tuple(c + (1 - c) * mix for c in base)
-
-
-def legend_handles(kinds, multi: bool = False) -> list:
-    """Legend entries for the passes in ``kinds`` (and, when ``multi``, for the shade of later chunks)."""
-    from matplotlib.patches import Patch
-
-    handles = [Patch(facecolor=colour(k), label=KIND_NAMES[k]) for k in "FBIW" if k in set(kinds)]
-    if multi:
-        handles.append(Patch(facecolor=colour("F", 1), label="lighter: the rank's later stage (chunk)"))
-    handles.append(Patch(facecolor="white", edgecolor="#999999", label="white: idle (bubble)"))
-    return handles
+def colour(kind: str, chunk: int = 0):
+    """The block colour of ``kind`` on a rank's ``chunk`` (0: its first stage; later ones lighter),
+    as :func:`ppbook.timeline.block_colour` gives it."""
+    return timeline.block_colour(Event(0, chunk, kind, 0, 0.0, 0.0), {(0, chunk): chunk})
 
 
 def draw(order, ax=None, costs=None, latency: float = 0.0, title: str | None = None, legend: bool = True,
-         fontsize: float = 6.0, xlabel: str | None = None):
+         xlabel: str | None = None):
     """Draw ``order`` on ``ax`` (rows per rank, rank 0 on top), each block labelled with its
-    microbatch (and stage), the legend beside the axis unless ``legend=False`` (then draw one for
-    the whole figure with :func:`legend_handles`). Returns ``ax``. Axes that share their x axis
-    keep the longest drawn row in view (each draw extends the limit, never shrinks it)."""
+    microbatch (and stage) as the timelines are (:func:`ppbook.timeline.label_blocks`). With
+    ``legend`` the figure gets one legend for every schedule drawn on it so far
+    (:func:`ppbook.timeline.figure_legend`), beside its top panel: leave it on for every panel,
+    the last call places it. Returns ``ax``. Axes that share their x axis keep the longest drawn
+    row in view (each draw extends the limit, never shrinks it)."""
     import matplotlib.pyplot as plt
 
     ax = ax or plt.gca()
     drawn = blocks(order, costs, latency)
-    for b in drawn:
-        ax.barh(b.rank, b.end - b.start, left=b.start, height=0.8, color=colour(b.kind, b.chunk),
-                edgecolor="white", linewidth=0.6)
-        text = "white" if b.chunk == 0 else "black"
-        ax.text((b.start + b.end) / 2, b.rank, b.label, ha="center", va="center", fontsize=fontsize,
-                color=text, linespacing=0.9)
+    events = [b.event for b in drawn]
+    chunk = {(b.rank, b.stage): b.chunk for b in drawn}
+    bars = [ax.barh(b.rank, b.end - b.start, left=b.start, height=0.8, color=timeline.block_colour(e, chunk),
+                    edgecolor="white", linewidth=0.6)[0] for b, e in zip(drawn, events)]
+    timeline.label_blocks(ax, bars, events)
     ranks = sorted({b.rank for b in drawn})
     ax.set_yticks(ranks, [f"rank {r}" for r in ranks])
     ax.set_ylim(max(ranks) + 0.6, min(ranks) - 0.6)
@@ -149,22 +134,20 @@ def draw(order, ax=None, costs=None, latency: float = 0.0, title: str | None = N
     ax.set_xlabel(xlabel if xlabel is not None else ("time" if costs is not None else "step"))
     if title:
         ax.set_title(title, fontsize=10, loc="left")
+    ax._ppbook_kinds = {b.kind for b in drawn}  # what timeline.figure_legend reads
+    ax._ppbook_chunked = any(b.chunk for b in drawn)
+    ax._ppbook_labelled = True
     if legend:
-        ax.legend(handles=legend_handles({b.kind for b in drawn}, drawn[0].multi), loc="upper left",
-                  bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize=7)
+        timeline.figure_legend(ax.figure)
     return ax
 
 
 def drawn_blocks(ax) -> list[tuple[int, str, str]]:
-    """What a reader sees on ``ax``: for every bar, (row, colour as hex, the text at its centre).
-    Tests compare it with :func:`blocks`."""
+    """What a reader sees on ``ax``, once its figure is drawn (the labels choose their text then):
+    for every bar, (row, colour as hex, the text drawn inside it, ``""`` where none fits). Tests
+    compare it with :func:`blocks`."""
     from matplotlib.colors import to_hex
-    from matplotlib.patches import Rectangle
 
-    texts = {(round(t.get_position()[0], 9), round(t.get_position()[1], 9)): t.get_text() for t in ax.texts}
-    out = []
-    for bar in ax.patches:
-        if isinstance(bar, Rectangle):
-            centre = (round(bar.get_x() + bar.get_width() / 2, 9), round(bar.get_y() + bar.get_height() / 2, 9))
-            out.append((int(round(centre[1])), to_hex(bar.get_facecolor()), texts.get(centre, "")))
-    return out
+    said = {id(t.bar): t.get_text() if t.fits else "" for t in ax.texts if hasattr(t, "bar")}
+    return [(int(round(bar.get_y() + bar.get_height() / 2)), to_hex(bar.get_facecolor()), said.get(id(bar), ""))
+            for bar in ax.patches if id(bar) in said]
