@@ -72,3 +72,26 @@ def test_every_printed_time_carries_its_band(capsys):
 
 def test_margin_rule():
     assert calibration.thin(0.99, 1.0) and not calibration.thin(0.9, 1.0)
+
+
+def test_the_why_is_arithmetic_that_adds_up():
+    """The winner against the best layout of the other kind: each line's parts add up to its
+    calibrated step time; the verdict names the bubble; each framework's best layout is named."""
+    from ppbook.planner import hardware, search, shapes
+
+    req = search.Request(shapes.PRESETS["llama3-70b"], hardware.GPUS["h100-sxm"], 64, 8, 512, 8192,
+                         hardware.LINKS["nvlink-h100"], hardware.LINKS["ib-ndr400"])
+    ranked, _ = search.plan(req)
+    lines = plan.why_lines(ranked, req)
+    k = calibration.band_for("h100-sxm").factor
+    sums = [x for x in lines if " = " in x and x.endswith(" s")]
+    assert len(sums) == 2
+    for line in sums:
+        parts, total = line.split(" = ")
+        assert sum(float(w) for w in re.findall(r"([\d.]+) [a-z]", parts)) == pytest.approx(float(total[:-2]), abs=0.3)
+    assert float(sums[0].split(" = ")[1][:-2]) == pytest.approx(k * ranked[0].step_s, abs=0.06)
+    assert ranked[0].layout.p == 1 and "bubble and hand-offs" in lines[-3]
+    assert lines[-2].startswith("torchtitan 0.3.0 runs the winner")
+    assert lines[-1].startswith("Megatron-LM cannot run the winner") and "its best: " in lines[-1]
+    assert plan.runtime_needs(search.Layout(1, 2, 4, "DualPipeV", 2, 1, 16, "fsdp", "none")) == \
+        "ScheduleDualPipeV, FSDP under a pipeline"

@@ -470,6 +470,77 @@ def step_terms(pred: search.Prediction, req: search.Request) -> dict[str, float]
             "data-parallel traffic not hidden": c["dp_exposed_s"], "optimizer step": c["optimizer_s"]}
 
 
+WHY_TERMS = {"computation": "computation", "recomputation": "recomputation", "bubble and hand-offs": "bubble and hand-offs",
+             "data-parallel traffic not hidden": "sharding traffic", "optimizer step": "optimizer"}
+
+
+def _sum_line(name: str, terms: dict[str, float], k: float) -> str:
+    parts = " + ".join(f"{k * terms[t]:.1f} {WHY_TERMS[t]}" for t in TERMS if k * terms[t] >= 0.05 or t == "computation")
+    return f"  {name:<10} {parts} = {k * sum(terms.values()):.1f} s"
+
+
+def why_lines(ranked: list[search.Prediction], req: search.Request) -> list[str]:
+    """Why the winner wins, in two lines of arithmetic against the best layout of the other kind
+    (pipelined or not): each step time as its parts on the GPU that finishes last (calibrated
+    seconds, :func:`step_terms`), then what the difference comes from and, for a winner without a
+    pipeline, when a pipeline would start to pay; then which runtime the winner needs, and the best
+    layout torchtitan and Megatron-LM run."""
+    if not ranked:
+        return []
+    win, k = ranked[0], _band(req).factor
+    other = next((o for o in ranked[1:] if (o.layout.p == 1) != (win.layout.p == 1)), None)
+    if other is None:  # not within the slack: the best of the other kind, searched for
+        narrowed = search.with_layout(req, pps=(1,)) if win.layout.p > 1 else \
+            search.with_layout(req, pps=tuple(p for p in range(2, req.max_p + 1) if not req.pps or p in req.pps))
+        other = next(iter(search.plan(narrowed)[0]), None) if narrowed.pps else None
+    lines = []
+    mine = step_terms(win, req)
+    if other is not None:
+        theirs = step_terms(other, req)
+        kind = "no pipeline" if other.layout.p == 1 else "pipelined"
+        lines += [f"why: seconds per step on the GPU that finishes last (calibrated), the winner against the best "
+                  f"{kind} layout ({other.layout.label()}):",
+                  _sum_line("winner", mine, k), _sum_line(kind, theirs, k)]
+        diff = {t: theirs[t] - mine[t] for t in TERMS}
+        bubble = diff["bubble and hand-offs"]
+        rest = sum(diff.values()) - bubble
+        if win.layout.p == 1:
+            if rest < 0 < bubble:
+                lines.append(f"  the pipeline saves {-k * rest:.1f} s elsewhere but loses {k * bubble:.1f} s to its bubble "
+                             f"and hand-offs; the bubble does not grow with the batch, so at about "
+                             f"{bubble / -rest:.1f} times this global batch the pipeline would pay (an estimate at "
+                             "these per-microbatch times)")
+            else:
+                lines.append(f"  a pipeline loses {k * bubble:.1f} s to its bubble and hand-offs and saves nothing "
+                             "elsewhere: it pays only once the layouts without one stop fitting (a longer sequence, a "
+                             "larger model, fewer GPUs)")
+        else:
+            lines.append(f"  the pipeline loses {k * bubble:.1f} s to its bubble and hand-offs and saves {-k * rest:.1f} s "
+                         f"elsewhere, most of it in {WHY_TERMS[min(TERMS, key=lambda t: diff[t])]}")
+    needs = runtime_needs(win.layout)
+    if needs:
+        lines.append(f"the winner needs torch 2.13's pipelining runtime ({needs}): torchtitan runs it; Megatron-LM does not")
+    for kind, name in (("torchtitan", "torchtitan 0.3.0"), ("megatron", "Megatron-LM")):
+        problem = runs_on(win.layout, kind, req)
+        if problem is None:
+            lines.append(f"{name} runs the winner")
+            continue
+        best = best_for(ranked, req, kind)
+        lines.append(f"{name} cannot run the winner ({problem}); its best: " + (
+            f"{best.layout.label()}, {100 * (best.step_s / win.step_s - 1):.1f}% slower" if best else "nothing fits"))
+    return lines
+
+
+def runtime_needs(layout: search.Layout) -> str:
+    """What of torch 2.13's pipelining runtime a layout uses that Megatron-LM's has not ('' if nothing)."""
+    needs = []
+    if layout.schedule in ("DualPipeV", "ZBVZeroBubble", "InterleavedZeroBubble", "LoopedBFS", "GPipe"):
+        needs.append(f"Schedule{layout.schedule}")
+    if layout.p > 1 and layout.sharding == "fsdp":
+        needs.append("FSDP under a pipeline")
+    return ", ".join(needs)
+
+
 def explain(layout: search.Layout, req: search.Request, ranked: list[search.Prediction]) -> list[str]:
     """A named layout: its memory per GPU, its step time part by part beside the winner's, and
     which part makes it slower and which kind of memory keeps it from fitting."""
@@ -743,6 +814,8 @@ def main(argv=None) -> int:
     else:
         print(f"{len(dropped)} layouts dropped (--why says why)")
     print(why_winner(ranked, req))
+    for line in why_lines(ranked, req):
+        print(line)
     if ranked:
         print("memory per GPU of the winner, GB:")
         print("\n".join(breakdown(ranked[0], req)))
