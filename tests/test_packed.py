@@ -1,7 +1,8 @@
 """Chapter 15: packed rows through a pipeline.
 
 Pure tests of ``ppbook.packing`` (ids -> mask, positions, cu_seqlens per microbatch, the varlen
-reference against SDPA, the loss weights); one 2-process and one 4-process launch of
+reference against SDPA, the loss weights) and of the script's one-process reference (the whole
+batch's token mean, which the launches trust); one 2-process and one 4-process launch of
 ``scripts/15_packed.py`` that train packed rows under 1F1B, Interleaved1F1B and ZBVZeroBubble and
 compare each with one process. The chapter runs its own 2-process launch and the in-process
 errors; these launches do not repeat them.
@@ -86,6 +87,45 @@ def test_tokens_and_weights_per_microbatch():
     assert packing.tokens_per_microbatch(targets, 2) == [3, 1]
     per_mb, token_mean = packing.microbatch_weights([3, 1])
     assert per_mb == [1 / 6, 1 / 2] and token_mean == [1 / 4, 1 / 4]
+
+
+def test_the_one_process_reference_is_the_whole_batch_token_mean():
+    """The launches compare the pipeline with ``reference`` (microbatch after microbatch, so that sums
+    match to the bit). That reference must itself be the whole batch's token mean, with the mask and
+    with cu_seqlens derived per microbatch: a pipeline and a reference that both normalised per
+    microbatch, or both used wrong offsets, would agree with each other and pass the launches."""
+    import copy
+
+    from ppbook.models import LlamaConfig, build_model
+
+    script = launch.load_script("15_packed.py")
+    args = script.parse_args(["--rows", "4", "--seq-len", "16", "--layers", "2"])
+    tokens, targets, doc_ids = script.make_batch(args)  # (4, 16) each
+    m = args.microbatches
+    assert len(set(packing.tokens_per_microbatch(targets, m))) > 1  # else a mean per microbatch is right too
+    full = build_model(LlamaConfig(vocab_size=args.vocab, dim=args.dim, n_layers=2, n_heads=4, n_kv_heads=2,
+                                   ffn_hidden_dim=2 * args.dim, max_seq_len=args.seq_len), seed=0, dtype=torch.float64)
+    whole = script.PackedStage(copy.deepcopy(full))  # every row at once, one mean over every scored token
+    loss = F.cross_entropy(whole(tokens, doc_ids).flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX)
+    loss.backward()
+    want = {n: p.grad for n, p in whole.mod.named_parameters()}
+    for kernel in ("sdpa", "varlen"):
+        grads, total = script.reference(full, kernel, tokens, targets, doc_ids, m)
+        assert total == pytest.approx(loss.item(), rel=1e-12), kernel
+        for n, g in grads.items():
+            torch.testing.assert_close(g, want[n], rtol=1e-9, atol=1e-12, msg=f"{kernel}: {n}")
+    with torch.no_grad():  # the mistake the launch shows: the mean of the microbatches' means
+        per_mb = sum(F.cross_entropy(whole(t, d).flatten(0, 1), y.flatten(), ignore_index=IGNORE_INDEX)
+                     for t, y, d in zip(tokens.tensor_split(m), targets.tensor_split(m), doc_ids.tensor_split(m))) / m
+    assert abs(per_mb.item() - loss.item()) > 1e-4
+
+
+def test_strategies_for_changing_lengths():
+    script = launch.load_script("15_packed.py")
+    lengths = [16, 32, 24]
+    assert [script.shape_for("recreate", n, lengths) for n in lengths] == [16, 32, 24]
+    assert [script.shape_for("bucket", n, lengths) for n in lengths] == [16, 32, 32]
+    assert [script.shape_for("max", n, lengths) for n in lengths] == [32, 32, 32]
 
 
 def test_eval_is_skipped_only_where_adjacent_stages_share_a_rank():
