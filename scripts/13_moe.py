@@ -34,7 +34,7 @@ from torch.distributed import pipelining
 from torch.distributed.pipelining.schedules import OVERLAP_F_B, _wait_batch_p2p
 from tqdm import tqdm
 
-from ppbook import cli, driver, measure, moe, precision, timeline
+from ppbook import cli, driver, measure, moe, nccl_rules, precision, timeline
 from ppbook.dist import gather_to_rank0, schedule_backend_problem
 from ppbook.models import LlamaConfig
 from ppbook.stages import schedule_problem, stage_indices, stage_module
@@ -65,6 +65,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--capacity-factor", type=float, default=1.25, help="<= 0: no token is ever dropped")
     p.add_argument("--aux-coef", type=float, default=0.01, help="weight of the load-balancing loss")
     p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate of the update after every step")
+    p.add_argument("--overlap-before-fix", action="store_true", help=argparse.SUPPRESS)  # TURNS_BEFORE_FIX
     p.add_argument("--probe-gloo", action="store_true",
                    help="first check what all_to_all_single does on this backend (see probe_all_to_all)")
     args = p.parse_args(argv)
@@ -179,6 +180,11 @@ def overlap_f_b(action, ctx) -> None:
         _wait_batch_p2p(sched.fwd_recv_ops.pop((fwd.stage_index, fwd.microbatch_index)))
     if not b_stage.is_last and bwd.stage_index + 1 not in stages:
         _wait_batch_p2p(sched.bwd_recv_ops.pop((bwd.stage_index, bwd.microbatch_index)))
+    # the two threads' all-to-alls take turns, in one order on every rank
+    ep = next((layer.ep for layer in moe.moe_layers(f_stage.submod).values() if layer.ep), None)
+    if ep is not None and not TURNS_BEFORE_FIX:
+        ep.turns = moe.Turns(fwd=2 * len(moe.moe_layers(f_stage.submod)),
+                             bwd=2 * len(moe.moe_layers(b_stage.submod)))
     failed = []
 
     def backward():
@@ -186,14 +192,27 @@ def overlap_f_b(action, ctx) -> None:
             run_backward(sched, stages, b_stage, bwd.microbatch_index)
         except BaseException as err:  # re-raised in the schedule's thread
             failed.append(err)
+            if ep is not None and ep.turns:
+                ep.turns.abort()  # the forward must not wait for a turn that never comes
 
-    thread = threading.Thread(target=backward)
+    thread = threading.Thread(target=backward, name="backward")
     thread.start()  # compute: one microbatch's backward there, another's forward here
-    run_forward(sched, stages, f_stage, fwd.microbatch_index, ctx)
-    thread.join()
+    try:
+        run_forward(sched, stages, f_stage, fwd.microbatch_index, ctx)
+    except BaseException:
+        if ep is not None and ep.turns:
+            ep.turns.abort()
+        raise
+    finally:
+        thread.join()
+        if ep is not None:
+            ep.turns = None
     if failed:
         raise failed[0]
 # [end-overlap]
+
+
+TURNS_BEFORE_FIX = False  # the hidden --overlap-before-fix: no turns (tests, appendix A3)
 
 
 PAIRS: dict[int, int] = {}  # per schedule (its id): the OVERLAP_F_B pairs run by overlap_f_b
@@ -312,22 +331,24 @@ def probe_all_to_all(info, numel: int) -> dict:
     work.wait()
     facts["uneven splits, asynchronous"] = y.tolist() == [float(k) for k in range(w)
                                                           for _ in range(k + r + 1)]
-    try:
-        dist.all_to_all_single(torch.empty(2 * w, 3), torch.zeros(3, 2 * w).t())
-        facts["non-contiguous input"] = "accepted"
-    except (ValueError, RuntimeError) as err:
-        facts["non-contiguous input"] = f"{type(err).__name__}: {err}"
-    # two groups over the same ranks, one all-to-all on each from two threads at once
-    pair, got = [dist.new_group(list(range(w))) for _ in range(2)], {}
+    # what gloo itself forgives: PPBOOK_NCCL_RULES=1 would refuse both (appendix A3)
+    with nccl_rules.suspended():
+        try:
+            dist.all_to_all_single(torch.empty(2 * w, 3), torch.zeros(3, 2 * w).t())
+            facts["non-contiguous input"] = "accepted"
+        except (ValueError, RuntimeError) as err:
+            facts["non-contiguous input"] = f"{type(err).__name__}: {err}"
+        # two groups over the same ranks, one all-to-all on each from two threads at once
+        pair, got = [dist.new_group(list(range(w))) for _ in range(2)], {}
 
-    def exchange(k):
-        out = torch.empty(2 * w)
-        dist.all_to_all_single(out, torch.full((2 * w,), 10.0 * k + r), group=pair[k])
-        got[k] = out.tolist() == [10.0 * k + j for j in range(w) for _ in range(2)]
+        def exchange(k):
+            out = torch.empty(2 * w)
+            dist.all_to_all_single(out, torch.full((2 * w,), 10.0 * k + r), group=pair[k])
+            got[k] = out.tolist() == [10.0 * k + j for j in range(w) for _ in range(2)]
 
-    threads = [threading.Thread(target=exchange, args=(k,)) for k in (r % 2, 1 - r % 2)]
-    [t.start() for t in threads]
-    [t.join() for t in threads]
+        threads = [threading.Thread(target=exchange, args=(k,)) for k in (r % 2, 1 - r % 2)]
+        [t.start() for t in threads]
+        [t.join() for t in threads]
     facts["two groups, two threads at once"] = got == {0: True, 1: True}
     x = torch.zeros(numel)
     y = torch.empty_like(x)
@@ -455,6 +476,8 @@ def dropped(counts: dict) -> list[int]:
 
 
 def body(args: argparse.Namespace, info) -> int:
+    global TURNS_BEFORE_FIX
+    TURNS_BEFORE_FIX = args.overlap_before_fix
     torch.set_num_threads(1)  # one process per core; the overlap's second thread shares it
     full = moe.build_moe_model(moe_config(args), seed=args.seed,
                                dtype=precision.param_dtype(args.dtype)).to(info.device)

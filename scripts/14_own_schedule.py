@@ -66,6 +66,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--mistake", choices=MISTAKES, default="none",
                    help="unpaired: the hand-written 1F1B with blocking sends (it deadlocks); repeated-backward: "
                         "V-Half with one backward run twice (torch's runtime accepts it, the step fails)")
+    p.add_argument("--exchange-before-fix", action="store_true", help=argparse.SUPPRESS)  # exchange_before_fix
     args = p.parse_args(argv)
     if "all" in args.schedules:
         args.schedules = list(SCHEDULES)
@@ -142,11 +143,13 @@ def exchange(sends, recvs, sent, paired=True):
     wait for the receives; the sends' handles go to ``sent``.
 
     Paired, they are posted together (``batch_isend_irecv``: one
-    group on NCCL) and only the receives are waited for: two ranks
-    that send to each other at the same moment both go on, and the
-    sends finish while this rank computes. Unpaired, each send waits
-    until its peer receives (gloo's does), then each receive: two
-    neighbours that both send first wait for each other forever."""
+    group on NCCL, with one work for all of it) and waited for when
+    the batch receives: two ranks that send to each other at the same
+    moment both go on; sends alone finish while this rank computes.
+    Unpaired, each send, then each receive, blocks: on gloo a send
+    waits until its peer receives, so two neighbours that both send
+    first wait for each other forever (on NCCL a send returns once
+    enqueued, and the GPU waits instead, or not, by message size)."""
     if not paired:
         for t, peer in sends:
             dist.send(t, peer)
@@ -156,10 +159,30 @@ def exchange(sends, recvs, sent, paired=True):
     ops = [dist.P2POp(dist.isend, t, peer) for t, peer in sends]
     ops += [dist.P2POp(dist.irecv, t, peer) for t, peer in recvs]
     works = dist.batch_isend_irecv(ops) if ops else []
+    if len(works) == len(ops):  # gloo: a work per operation
+        sent += works[:len(sends)]  # the sends': waited at the end
+        works = works[len(sends):]
+    # NCCL returns ONE work for the whole batch: wait on every work
+    # of a batch that receives, as torch's schedules do
+    for work in works:
+        work.wait()
+# [end-exchange]
+
+
+def exchange_before_fix(sends, recvs, sent, paired=True):
+    """:func:`exchange` as it was: it waited on the works after the sends'
+    ones, of which NCCL, which returns one work for the batch, has none, so
+    the receives were read before they arrived. Run by the hidden flag
+    --exchange-before-fix, for appendix A3 and the tests (PPBOOK_NCCL_RULES=1
+    makes gloo return one work too)."""
+    if not paired:
+        return exchange(sends, recvs, sent, paired)
+    ops = [dist.P2POp(dist.isend, t, peer) for t, peer in sends]
+    ops += [dist.P2POp(dist.irecv, t, peer) for t, peer in recvs]
+    works = dist.batch_isend_irecv(ops) if ops else []
     sent += works[:len(sends)]
     for work in works[len(sends):]:
         work.wait()
-# [end-exchange]
 
 
 # [start-hand]
@@ -348,6 +371,9 @@ def largest_difference(a: dict, b: dict) -> float:
 
 
 def body(args: argparse.Namespace, info) -> int:
+    global exchange
+    if args.exchange_before_fix:
+        exchange = exchange_before_fix
     full = workload.full_model(args, info.device)  # identical on every rank
     tokens, targets = workload.make_batch(args, 0, info.device)  # (B, T) each: every step, the same batch
     if args.mistake != "none":  # one step of one run, which fails: its error is the result

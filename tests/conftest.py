@@ -32,6 +32,16 @@ BOOK_BUILD_TIMEOUT_S = 3000
 PDF_TIMEOUT_S = 600
 
 
+@pytest.fixture(scope="session", autouse=True)
+def nccl_rules_by_default():
+    """Every launch of the tests runs under NCCL's rules on gloo (PPBOOK_NCCL_RULES=1,
+    ppbook.nccl_rules) unless the variable is set already: a script that races or hangs only on
+    NCCL fails its --check here. Set when the first test starts, after the book build has started
+    (at collection's end): the pages show gloo as it is, and appendix A3 runs the mode itself."""
+    os.environ.setdefault("PPBOOK_NCCL_RULES", "1")
+    yield
+
+
 def missing_tool(name: str, hint: str = "run tools/ensure_chromium.sh") -> None:
     """A browser or PDF tool is not installed: a failure in CI, where `make test` installs it
     (tools/ensure_chromium.sh), and a skip elsewhere."""

@@ -12,6 +12,7 @@ and 6 on 2 and 3 ranks."""
 from __future__ import annotations
 
 import dataclasses
+import re
 import warnings
 
 import pytest
@@ -380,3 +381,21 @@ def test_the_recorded_launches_are_what_assess_reads():
         assert [r["run"] for r in one["data"]["runs"]] == list(overlap.SHOWN) and all(r["match"] for r in one["data"]["runs"])
     a = overlap.assess(record["launches"][0]["data"], draws=2)
     assert set(a["error_pct"]) == set(overlap.SHOWN) and 0 < a["perfect"] < a["nothing_hidden"]
+
+
+@pytest.mark.torchrun
+def test_the_overlap_before_its_fix_is_refused_under_nccl_rules():
+    """Issue 39: the overlap's two threads issued their all-to-alls on two groups with nothing
+    ordering them; NCCL needs one order on every rank (two peers taking opposite orders wait
+    forever). Under PPBOOK_NCCL_RULES=1 the old code is refused on every run, in one line naming the
+    two operations; the fixed one (moe.Turns) passes every other overlap test here, under the same
+    rules by default."""
+    r = launch.torchrun("13_moe.py", ["--pp", "1", "--ep", "2", "--runs", "DualPipeV-overlap", "--microbatches", "4",
+                                      "--batch-size", "8", *SMALL, "--overlap-before-fix"],
+                        nproc=2, timeout=300, check=False, json_result=False, env={"PPBOOK_NCCL_RULES": "1"})
+    lines = re.findall(r"ppbook\.nccl_rules: .*", r.output)  # a progress bar may lead the line
+    assert r.returncode != 0 and len(lines) == 1, r.output
+    assert re.search(r"rank \d: all_to_all_single on group \d+ \[0, 1\] #\d+ \(thread [\w() -]+\) and "
+                     r"all_to_all_single on group \d+ \[0, 1\] #\d+ \(thread [\w() -]+\) were issued from two "
+                     r"threads with nothing ordering them", lines[0]), lines[0]
+

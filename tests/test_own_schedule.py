@@ -267,3 +267,18 @@ def test_a_csv_cell_that_is_not_an_action_is_named(cell):
     text = custom_schedules.to_csv(simulate.order("1F1B", 2, 2)).replace("0F0", cell, 1)
     with pytest.raises(ValueError, match=f"cell '{cell}' is not an action"):
         custom_schedules.from_csv(text)
+
+
+@pytest.mark.torchrun
+def test_the_exchange_before_its_fix_reads_receives_before_they_arrive_under_nccl_rules():
+    """Issue 39: exchange() waited on the works after the sends' (works[len(sends):]); NCCL returns
+    one work for the batch, so it waited on none and read its receive buffers too early. Under
+    PPBOOK_NCCL_RULES=1 gloo returns one work too and a receive holds NaN until waited on: the old
+    code fails --check on every run (the fixed one passes in every other test here, under the same
+    rules by default)."""
+    r = launch.torchrun("14_own_schedule.py", ["--schedules", "1F1B-hand", "--microbatches", "4", *SMALL,
+                                               "--exchange-before-fix"],
+                        nproc=2, timeout=300, check=False, env={"PPBOOK_NCCL_RULES": "1"})
+    assert r.returncode != 0 and re.search(r"1F1B-hand .* MISMATCH", r.output), r.output
+    assert "MISMATCH in at least one run" in r.output
+

@@ -7,12 +7,13 @@ the weight-gradient pass). :func:`to_csv` writes an order in the format torch's
 ``_PipelineScheduleRuntime._load_csv`` reads (one row per rank, compute actions only); the
 runtime inserts the sends and receives itself.
 
-- :func:`zb_h2_order`: ZB-H2 of Qi et al. 2023 (section 2.2), one stage per rank: more forwards
+- :func:`zb_h2_order`: ZB-H2 of Qi et al. 2024 (ICLR; section 2.2), one stage per rank: more forwards
   in the warm-up (up to 2p - 1 microbatches held), weight passes pushed to fill the tail.
 - :func:`v_half_order`: V-Half of Qi et al. 2024 ("Pipeline Parallelism with Controllable
-  Memory"): two stages per rank in a V (r and 2p - 1 - r), built as the paper builds it, from
-  a building block repeated every six slots and then squeezed, holding about half of 1F1B's
-  activations.
+  Memory"): two stages per rank in a V (r and 2p - 1 - r), built the paper's way, from a
+  building block repeated every six slots and then squeezed, holding about half of 1F1B's
+  activations. A variant of the authors' construction: every rank's order differs from their
+  generator's, with the same peak memory and, at equal costs, the same step time.
 
 Both are built for equal costs (F = I = W); a runtime that runs each action as soon as its
 input has arrived turns any order into a timeline, whatever the real costs.
@@ -30,7 +31,7 @@ Slots = dict[Action, tuple[int, int]]  # action -> (rank, time slot)
 # --- ZB-H2 -------------------------------------------------------------------------------------
 
 def zb_h2_order(p: int, m: int) -> Order:
-    """ZB-H2 (Qi et al. 2023): stage r on rank r, each backward split
+    """ZB-H2 (Qi et al. 2024, ICLR): stage r on rank r, each backward split
     into ``I`` and ``W``.
 
     Built by one rule, run for a forward, an input-gradient pass and a

@@ -122,6 +122,9 @@ def setup(device: str = "auto", timeout_s: float = 120.0) -> DistInfo:
     ``timeout_s`` bounds every collective and point-to-point wait, so a rank whose peer died
     raises instead of hanging forever.
     """
+    from ppbook import nccl_rules
+
+    nccl_rules.install_if_asked()  # PPBOOK_NCCL_RULES=1: gloo held to NCCL's rules (appendix A3)
     if launched_by_torchrun():
         rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         local_rank = int(os.environ["LOCAL_RANK"])

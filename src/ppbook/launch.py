@@ -97,9 +97,11 @@ def kill_tree(pid: int) -> None:
     psutil.wait_procs(family, timeout=10)
 
 
-def child_env() -> dict:
-    """The environment of a launched script: unbuffered output, no progress bars."""
+def child_env(extra: dict | None = None) -> dict:
+    """The environment of a launched script: unbuffered output, no progress bars; ``extra`` on top
+    (e.g. ``{"PPBOOK_NCCL_RULES": "0"}``: gloo as it is, whatever the caller's default)."""
     env = dict(os.environ)
+    env.update({k: str(v) for k, v in (extra or {}).items()})
     env.setdefault("PYTHONUNBUFFERED", "1")
     # The ranks' own progress bars are for people at a terminal, not for captured output.
     env.setdefault("TQDM_DISABLE", "1")
@@ -108,12 +110,25 @@ def child_env() -> dict:
     return env
 
 
+def started_env(env: dict) -> dict:
+    """``env`` for a process started afresh (torchrun, python): with ``PPBOOK_NCCL_RULES=1``, the
+    folder whose ``sitecustomize`` installs NCCL's rules first on ``PYTHONPATH``, so that every
+    rank runs under them, a script that imports nothing from the book included
+    (:mod:`ppbook.nccl_rules`). A forked rank gets them from the launch server instead."""
+    from ppbook import nccl_rules
+
+    if not nccl_rules.asked(env):
+        return env
+    paths = [nccl_rules.site_folder(), *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]]
+    return {**env, "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}
+
+
 def _run(command: list[str], timeout: float, cwd: Path, expect_json: Path | None, check: bool,
-         fork: tuple[Path, list[str], int | None] | None = None) -> RunResult:
+         fork: tuple[Path, list[str], int | None] | None = None, extra_env: dict | None = None) -> RunResult:
     """Run ``command``; with ``fork`` (script, args, ranks or ``None`` for a plain process), fork
     the ranks from the launch server instead when one runs (:mod:`ppbook_tools.zygote`): the
     same script, argv and environment, without paying torch's imports again."""
-    env = child_env()
+    env = child_env(extra_env)
     t0 = time.perf_counter()
     forked = None
     if fork is not None and os.environ.get(SERVER_ENV) and os.environ.get(LAUNCHER_ENV) != "torchrun":
@@ -126,7 +141,7 @@ def _run(command: list[str], timeout: float, cwd: Path, expect_json: Path | None
     if forked is not None:
         returncode, output = forked
     else:
-        proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(command, cwd=cwd, env=started_env(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, start_new_session=True)
         try:
             output, _ = proc.communicate(timeout=timeout)
@@ -152,7 +167,7 @@ def _timed_out(command: list[str], timeout: float, output: str) -> str:
 
 
 def _launch(prefix: list[str], script: str, args, timeout: float, check: bool, json_result: bool,
-            nproc: int | None = None, forkable: bool = False) -> RunResult:
+            nproc: int | None = None, forkable: bool = False, env: dict | None = None) -> RunResult:
     root = repo_root()
     with tempfile.TemporaryDirectory(prefix="ppbook-") as tmp:
         out = Path(tmp) / "result.json"
@@ -162,12 +177,12 @@ def _launch(prefix: list[str], script: str, args, timeout: float, check: bool, j
         args = [*map(str, args), *extra]
         command = [*prefix, str(shown), *args]
         fork = (shown, args, nproc) if forkable else None
-        return _run(command, timeout, root, out if json_result else None, check, fork)
+        return _run(command, timeout, root, out if json_result else None, check, fork, env)
 
 
 def torchrun(script: str, args: list[str] | tuple = (), nproc: int = 2, timeout: float = 120.0,
              check: bool = True, json_result: bool = True, torchrun_args: list[str] | tuple = (),
-             fork: bool = True) -> RunResult:
+             fork: bool = True, env: dict | None = None) -> RunResult:
     """Launch ``scripts/<script>`` on ``nproc`` local processes with ``torchrun --standalone``.
 
     With ``json_result`` the script gets ``--json <tmpfile>`` appended and its content is
@@ -175,19 +190,21 @@ def torchrun(script: str, args: list[str] | tuple = (), nproc: int = 2, timeout:
     raising, for chapters and tests that show an error on purpose. ``torchrun_args`` go to
     torchrun itself, e.g. ``["--max-restarts", "1"]`` (chapter 7). With a launch server running
     (the build, the tests) the ranks are forked from it unless ``fork=False`` or ``torchrun_args``
-    are given.
+    are given. ``env``: variables set for this launch only, e.g. ``{"PPBOOK_NCCL_RULES": "1"}`` to
+    run it under NCCL's rules (:mod:`ppbook.nccl_rules`).
     """
     if nproc < 1:
         raise ValueError(f"nproc must be at least 1, got {nproc}")
     prefix = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
               *map(str, torchrun_args)]
-    return _launch(prefix, script, args, timeout, check, json_result, nproc, forkable=fork and not torchrun_args)
+    return _launch(prefix, script, args, timeout, check, json_result, nproc, forkable=fork and not torchrun_args,
+                   env=env)
 
 
 def python(script: str, args: list[str] | tuple = (), timeout: float = 120.0, check: bool = True,
-           json_result: bool = True) -> RunResult:
+           json_result: bool = True, env: dict | None = None) -> RunResult:
     """Run ``scripts/<script>`` as one plain process (no torchrun), the same way."""
-    return _launch([sys.executable], script, args, timeout, check, json_result, None, forkable=True)
+    return _launch([sys.executable], script, args, timeout, check, json_result, None, forkable=True, env=env)
 
 
 def load_script(name: str | Path):

@@ -27,7 +27,9 @@ the loss's gradient, whichever stage the layer is on.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -123,6 +125,45 @@ class AuxLossToBackward(torch.autograd.Function):
 # ---------------------------------------------------------------------------------------------
 # Expert parallelism
 # ---------------------------------------------------------------------------------------------
+class Turns:
+    """Two threads' all-to-alls (a forward's ``"fwd"``, a backward's ``"bwd"``) in one fixed
+    order, the same on every rank: the backward's first, then one of each in turn; once a side
+    has issued all of its own, the other goes on alone.
+
+    NCCL needs every rank to issue its operations on different communicators in one order: two
+    threads left to themselves take one order on one rank and the other on its peer, and both
+    wait forever. torchtitan's ``HookCoordinator`` makes its two threads meet at a barrier around
+    every dispatch and combine for this reason; here each all-to-all waits for its turn (a
+    semaphore per side), and hands the turn on once issued. ``fwd`` and ``bwd``: how many each
+    side issues. :meth:`abort` (a side failed) lets the other go on unordered."""
+
+    def __init__(self, fwd: int, bwd: int):
+        self.order = [side for k in range(max(fwd, bwd))
+                      for side, n in (("bwd", bwd), ("fwd", fwd)) if k < n]
+        self.gates = {"fwd": threading.Semaphore(0), "bwd": threading.Semaphore(0)}
+        self.done, self.aborted = 0, False
+        if self.order:
+            self.gates[self.order[0]].release()
+
+    @contextlib.contextmanager
+    def turn(self, side: str):
+        ordered = not self.aborted and self.done < len(self.order)
+        if ordered:
+            self.gates[side].acquire()  # wait for this side's turn
+        try:
+            yield
+        finally:
+            if ordered:
+                self.done += 1
+                if self.done < len(self.order):
+                    self.gates[self.order[self.done]].release()  # hand the turn on
+
+    def abort(self) -> None:
+        self.aborted = True
+        for gate in self.gates.values():
+            gate.release(len(self.order) + 1)
+
+
 @dataclass
 class ExpertParallel:
     """This rank's place in an expert-parallel group of ``size`` ranks.
@@ -138,6 +179,7 @@ class ExpertParallel:
     fwd_group: object = None
     bwd_group: object = None
     trace: list | None = field(default=None)
+    turns: Turns | None = None  # while two threads share this rank's all-to-alls (chapter 13's overlap)
 
     def experts_of(self, n_experts: int) -> range:
         per = n_experts // self.size
@@ -146,10 +188,16 @@ class ExpertParallel:
     def all_to_all(self, x: torch.Tensor, kind: str, backward: bool = False) -> torch.Tensor:
         """``x`` (size * n, ...) cut into ``size`` equal chunks along dim 0, chunk ``k`` to rank
         ``k``; returns the chunks received, chunk ``k`` from rank ``k``."""
-        x = x.contiguous()  # gloo refuses non-contiguous tensors
+        x = x.contiguous()  # gloo and NCCL refuse non-contiguous tensors
         out = torch.empty_like(x)
-        start = time.perf_counter()
-        dist.all_to_all_single(out, x, group=self.bwd_group if backward else self.fwd_group)
+        turn = self.turns.turn("bwd" if backward else "fwd") if self.turns else contextlib.nullcontext()
+        with turn:  # two threads: one fixed order on every rank (Turns)
+            start = time.perf_counter()
+            dist.all_to_all_single(out, x, group=self.bwd_group if backward else self.fwd_group)
+            if x.is_cuda and self.trace is not None:
+                # NCCL's call returns once enqueued: wait for the exchange itself, or the
+                # trace would time the enqueueing
+                torch.cuda.current_stream(x.device).synchronize()
         if self.trace is not None:
             self.trace.append((kind + ("-grad" if backward else ""), start, time.perf_counter(),
                                x.numel() * x.element_size()))

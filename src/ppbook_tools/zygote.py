@@ -240,6 +240,7 @@ def _handle(conn: socket.socket, server_env: dict, own: list[str]) -> None:
     conn.send(json.dumps({"pid": os.getpid()}).encode())
     t0 = time.perf_counter()
     nproc = request["nproc"]
+    request["run_id"] = uuid.uuid4().hex  # one for the job, as torchrun's
     ranks = {}  # pid -> (rank, the write end of the pipe that gives it the store's port)
     for rank in range(nproc or 1):
         port_read, port_write = os.pipe()
@@ -314,10 +315,14 @@ def _rank(request: dict, rank: int, output: int, port_read: int) -> None:
                        ROLE_NAME="default", LOCAL_WORLD_SIZE=str(nproc), WORLD_SIZE=str(nproc),
                        GROUP_WORLD_SIZE="1", ROLE_WORLD_SIZE=str(nproc), MASTER_ADDR="localhost",
                        MASTER_PORT=port, TORCHELASTIC_RESTART_COUNT="0", TORCHELASTIC_MAX_RESTARTS="0",
-                       TORCHELASTIC_RUN_ID=uuid.uuid4().hex, TORCHELASTIC_USE_AGENT_STORE="True")
+                       TORCHELASTIC_RUN_ID=request["run_id"], TORCHELASTIC_USE_AGENT_STORE="True")
             env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
         os.environ.clear()
         os.environ.update(env)
+        from ppbook import nccl_rules
+
+        if nccl_rules.asked():  # NCCL's rules on gloo, before the script's first line (ppbook.nccl_rules)
+            nccl_rules.install()
         # OpenMP read the server's OMP_NUM_THREADS when torch loaded: give this rank what a fresh
         # process would take, its own OMP_NUM_THREADS or else one thread per CPU it may run on
         import torch
