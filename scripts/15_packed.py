@@ -8,6 +8,8 @@ CPU, four processes:
     torchrun --standalone --nproc-per-node 4 scripts/15_packed.py --check
 Only 1F1B, only the block-diagonal SDPA mask:
     torchrun --standalone --nproc-per-node 2 scripts/15_packed.py --schedules 1F1B --variants sdpa
+GPUs, one per process (NCCL; FlexAttention unfused, as without torch.compile):
+    torchrun --standalone --nproc-per-node 2 scripts/15_packed.py --check --device cuda
 
 Variants: ``sdpa`` (a boolean mask from the ids), ``varlen`` (cu_seqlens derived in the stage),
 ``varlen-presplit`` (cu_seqlens computed per microbatch before the step and handed over
