@@ -181,10 +181,10 @@ def overlap_f_b(action, ctx) -> None:
     if not b_stage.is_last and bwd.stage_index + 1 not in stages:
         _wait_batch_p2p(sched.bwd_recv_ops.pop((bwd.stage_index, bwd.microbatch_index)))
     # the two threads' all-to-alls take turns, in one order on every rank
-    ep = next((layer.ep for layer in moe.moe_layers(f_stage.submod).values() if layer.ep), None)
-    if ep is not None and not TURNS_BEFORE_FIX:
-        ep.turns = moe.Turns(fwd=2 * len(moe.moe_layers(f_stage.submod)),
-                             bwd=2 * len(moe.moe_layers(b_stage.submod)))
+    f_layers, b_layers = (moe.moe_layers(s.submod) for s in (f_stage, b_stage))
+    ep = next((layer.ep for layer in f_layers.values() if layer.ep), None)
+    if ep is not None and not TURNS_BEFORE_FIX:  # two per layer each way
+        ep.turns = moe.Turns(fwd=2 * len(f_layers), bwd=2 * len(b_layers))
     failed = []
 
     def backward():
@@ -192,8 +192,8 @@ def overlap_f_b(action, ctx) -> None:
             run_backward(sched, stages, b_stage, bwd.microbatch_index)
         except BaseException as err:  # re-raised in the schedule's thread
             failed.append(err)
-            if ep is not None and ep.turns:
-                ep.turns.abort()  # the forward must not wait for a turn that never comes
+            if ep is not None and ep.turns:  # the forward must not wait
+                ep.turns.abort()  # for a turn that never comes
 
     thread = threading.Thread(target=backward, name="backward")
     thread.start()  # compute: one microbatch's backward there, another's forward here
@@ -334,19 +334,23 @@ def probe_all_to_all(info, numel: int) -> dict:
     # what gloo itself forgives: PPBOOK_NCCL_RULES=1 would refuse both (appendix A3)
     with nccl_rules.suspended():
         try:
-            dist.all_to_all_single(torch.empty(2 * w, 3), torch.zeros(3, 2 * w).t())
+            bent = torch.zeros(3, 2 * w).t()  # (2w, 3), not contiguous
+            dist.all_to_all_single(torch.empty(2 * w, 3), bent)
             facts["non-contiguous input"] = "accepted"
         except (ValueError, RuntimeError) as err:
             facts["non-contiguous input"] = f"{type(err).__name__}: {err}"
-        # two groups over the same ranks, one all-to-all on each from two threads at once
+        # two groups over the same ranks, one all-to-all on each from
+        # two threads at once
         pair, got = [dist.new_group(list(range(w))) for _ in range(2)], {}
 
         def exchange(k):
-            out = torch.empty(2 * w)
-            dist.all_to_all_single(out, torch.full((2 * w,), 10.0 * k + r), group=pair[k])
-            got[k] = out.tolist() == [10.0 * k + j for j in range(w) for _ in range(2)]
+            out, mine = torch.empty(2 * w), torch.full((2 * w,), 10.0 * k + r)
+            dist.all_to_all_single(out, mine, group=pair[k])
+            want = [10.0 * k + j for j in range(w) for _ in range(2)]
+            got[k] = out.tolist() == want
 
-        threads = [threading.Thread(target=exchange, args=(k,)) for k in (r % 2, 1 - r % 2)]
+        threads = [threading.Thread(target=exchange, args=(k,))
+                   for k in (r % 2, 1 - r % 2)]
         [t.start() for t in threads]
         [t.join() for t in threads]
     facts["two groups, two threads at once"] = got == {0: True, 1: True}

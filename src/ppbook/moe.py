@@ -126,16 +126,19 @@ class AuxLossToBackward(torch.autograd.Function):
 # Expert parallelism
 # ---------------------------------------------------------------------------------------------
 class Turns:
-    """Two threads' all-to-alls (a forward's ``"fwd"``, a backward's ``"bwd"``) in one fixed
-    order, the same on every rank: the backward's first, then one of each in turn; once a side
-    has issued all of its own, the other goes on alone.
+    """Two threads' all-to-alls (a forward's ``"fwd"``, a backward's
+    ``"bwd"``) in one fixed order, the same on every rank: the
+    backward's first, then one of each in turn; once a side has issued
+    all of its own, the other goes on alone.
 
-    NCCL needs every rank to issue its operations on different communicators in one order: two
-    threads left to themselves take one order on one rank and the other on its peer, and both
-    wait forever. torchtitan's ``HookCoordinator`` makes its two threads meet at a barrier around
-    every dispatch and combine for this reason; here each all-to-all waits for its turn (a
-    semaphore per side), and hands the turn on once issued. ``fwd`` and ``bwd``: how many each
-    side issues. :meth:`abort` (a side failed) lets the other go on unordered."""
+    NCCL needs every rank to issue its operations on different
+    communicators in one order: two threads left to themselves take one
+    order on one rank and the other on its peer, and both wait forever.
+    torchtitan's ``HookCoordinator`` makes its two threads meet at a
+    barrier around every dispatch and combine for this reason; here each
+    all-to-all waits for its turn (a semaphore per side), and hands the
+    turn on once issued. ``fwd`` and ``bwd``: how many each side issues.
+    :meth:`abort` (a side failed) lets the other go on unordered."""
 
     def __init__(self, fwd: int, bwd: int):
         self.order = [side for k in range(max(fwd, bwd))
