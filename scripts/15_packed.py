@@ -186,8 +186,8 @@ def kernel_of(variant: str) -> str:
 def presplit_step(schedule, arg_mbs, kwarg_mbs, target_mbs, losses):
     """One step with microbatches split by the caller. torch's main branch
     (after 2.13, PR 188500) takes them as step(arg_mbs=, kwarg_mbs=,
-    target_mbs=); on 2.13 the same effect comes from stacking each keyword's
-    pieces on a new dim 0, which the default chunk spec cuts back apart."""
+    target_mbs=); on 2.13 the same effect comes from joining each input's
+    pieces along dim 0, which the default chunk spec cuts back apart."""
     if "arg_mbs" in inspect.signature(schedule.step).parameters:
         return schedule.step(arg_mbs=arg_mbs, kwarg_mbs=kwarg_mbs,
                              target_mbs=target_mbs, losses=losses)
