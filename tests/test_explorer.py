@@ -176,7 +176,8 @@ def plan_requests() -> list[search.Request]:
                                   max_microbatch_size=(2, 4)[k % 2], fsdp_reshard=("default", "always", "never")[k % 3],
                                   stage_io=("torch", "freed")[k % 4 == 2],
                                   # pinned stages per rank (beyond max_v) and data-parallel sizes
-                                  vs=(2, 5) if k % 8 == 6 else (), dps=(2, 4, 8) if k % 10 == 4 else ()))
+                                  vs=(2, 5) if k % 8 == 6 else (), dps=(2, 4, 8) if k % 10 == 4 else (),
+                                  overlap_f_b=k % 5 == 2 or model.name == "moe-16b"))
     return out
 
 

@@ -100,6 +100,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "V schedules) refuses selective checkpointing and recomputes a fully checkpointed block once "
                         "per parameter group; freed: a runtime that frees them once used and does neither "
                         "(Megatron-LM, DeepSpeed)")
+    g.add_argument("--overlap-f-b", action="store_true",
+                   help="the runtime registers a function for DualPipeV's OVERLAP_F_B actions, hiding each "
+                        "pair's all-to-all under computation (torch and torchtitan 0.3.0 register none: the pair's "
+                        "halves run one after the other)")
     g.add_argument("--headroom", type=float, default=0.1, help="fraction of each GPU kept free")
     g = p.add_argument_group("what to search (default: everything)")
     g.add_argument("--tp", type=int, nargs="+", default=None, help="tensor-parallel sizes to try")
@@ -206,7 +210,7 @@ def request_from(args: argparse.Namespace) -> search.Request:
                          schedules=tuple(args.schedules), shardings=tuple(args.sharding),
                          recomputes=tuple(args.recompute), balances=tuple(args.balance),
                          measured_costs=not args.estimate_costs, fsdp_reshard=args.fsdp_reshard_after_forward,
-                         stage_io=args.stage_io)
+                         stage_io=args.stage_io, overlap_f_b=args.overlap_f_b)
     if args.tp and not search.tensor_parallel_sizes(req):
         raise ValueError(f"no --tp of {args.tp} divides the {args.gpus} GPUs, the {model.heads} heads, the "
                          f"{model.kv_heads} key/value heads and the MLP width {model.ffn} within a node of "

@@ -1032,7 +1032,7 @@
   // port of _stage_costs: the per-microbatch seconds of each stage's F, I, W and B under layout L
   Planner.prototype.costsOf = function (L) {
     return this.stageCosts(L.tp, numStages(L), L.balance, L.b, L.recompute, L.ep || 1,
-                           OVERLAPS_ALL_TO_ALL.indexOf(L.schedule) >= 0, this.torchSplitBackward(L));
+                           OVERLAPS_ALL_TO_ALL.indexOf(L.schedule) >= 0 && !!this.req.overlap_f_b, this.torchSplitBackward(L));
   };
 
   Planner.prototype.stageCosts = function (tp, nStagesValue, balance, b, recompute, ep, overlap, split) {
@@ -1126,7 +1126,7 @@
         ms.forEach(function (mm, k) {
           var acts = 0, last = 0;
           peaks[k][rank].forEach(function (e) {
-            acts += e[1] * t.per_mb[e[0]] + (split ? e[2] * t.residual[e[0]] : 0);
+            acts += e[1] * t.per_mb[e[0]] + (split && req.stage_io === "torch" ? e[2] * t.residual[e[0]] : 0);
             if (e[0] === nS - 1) last += e[1];
           });
           actsPoints.push([mm, acts]);

@@ -56,7 +56,7 @@ def request(row: dict, data: dict, constrained: bool = True) -> search.Request:
     c = row.get("constraints", {})
     return replace(req, schedules=tuple(fw["schedules"]), shardings=tuple(fw["shardings"]), kernels=fw["kernels"],
                    sequence_parallel=fw["sequence_parallel"], stage_io=fw["stage_io"],
-                   fsdp_reshard=fw.get("fsdp_reshard", "default"),
+                   fsdp_reshard=fw.get("fsdp_reshard", "default"), overlap_f_b=fw.get("overlap_f_b", False),
                    balances=(c["balance"],) if "balance" in c else tuple(fw["balances"]),
                    recomputes=(c["recompute"],) if "recompute" in c else tuple(fw.get("recomputes", search.memory.RECOMPUTE)),
                    microbatch_sizes=(c["microbatch"],) if "microbatch" in c else (),

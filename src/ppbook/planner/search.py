@@ -75,6 +75,8 @@ class Request:
     fsdp_reshard: str = "default"      # torchtitan's fsdp_reshard_after_forward: default, always, never
     stage_io: str = "torch"            # torch's runtime (PipelineStage buffers, its split backward's limits: see
     #                                    constraint_problem), or "freed" (Megatron-LM, DeepSpeed, Llama 3)
+    overlap_f_b: bool = False          # a function is registered for DualPipeV's OVERLAP_F_B actions (DeepSeek's
+    #                                    runtime); torch and torchtitan 0.3.0 register none: the halves run in turn
 
     # every cache of the search is keyed on the request, whose model, GPU and links hash field by
     # field: hashed once (hashing it anew on every look-up took a tenth of a search)
@@ -464,7 +466,8 @@ OVERLAPS_ALL_TO_ALL = ("DualPipeV",)  # schedules whose runtime overlaps one mic
 def _stage_costs(layout: Layout, req: Request, layers: list[list[int]] | None = None) -> tuple[dict, bool]:
     """Seconds of each (stage, kind) for one microbatch, and whether any came from FLOPs."""
     return _stage_costs_cached(req, layout.tp, layout.num_stages, layout.balance, layout.b, layout.recompute,
-                               layout.ep, layout.schedule in OVERLAPS_ALL_TO_ALL, _torch_split_backward(layout, req))
+                               layout.ep, layout.schedule in OVERLAPS_ALL_TO_ALL and req.overlap_f_b,
+                               _torch_split_backward(layout, req))
 
 
 def alltoall_seconds(req: Request, nbytes: float, ep: int, tp: int) -> float:
@@ -641,7 +644,10 @@ def _rank_activations(req: Request, schedule: str, p: int, m: int, v: int, b: in
     probe = Layout(tp, p, 1, schedule, v, b, m, "none", recompute, balance)
     ms = _simulated_ms(probe)
     peaks = [in_flight(schedule, p, mm, v) for mm in ms]
-    kept = [rank_saved_bytes(schedule, p, mm, v, t.per_mb, t.residual) for mm in ms]
+    # what a microbatch leaves after its weight pass is torch's (retain_graph=True in its input-gradient
+    # pass); a runtime that frees its stage I/O is modelled as keeping none of it
+    residual = t.residual if req.stage_io == "torch" else tuple(0.0 for _ in t.residual)
+    kept = [rank_saved_bytes(schedule, p, mm, v, t.per_mb, residual) for mm in ms]
     out = []
     for rank in range(p):
         acts_points = [(mm, at_m[rank]) for mm, at_m in zip(ms, kept)]
