@@ -14,18 +14,19 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("the torch-free planner (a subpackage: its schedules, simulator, memory, search), which imports nothing "
      "of ppbook outside itself", ["planner"]),
     ("leaves: formulas, reports, claims, errors, data, processes, launching, the action graph, precision, "
-     "recomputation",
+     "recomputation, NCCL's rules held on gloo",
      ["report", "claims", "errors", "bubble", "dataflow", "data", "dist", "launch",
-      "activations", "checkpoint", "precision", "fsdp_probe", "recompute", "fsdp_window"]),
+      "activations", "checkpoint", "precision", "fsdp_probe", "recompute", "fsdp_window", "nccl_rules"]),
     ("the timeline format, recorded and simulated", ["timeline"]),
-    ("models, stage placement, driving a schedule, training pieces, nodes",
-     ["models", "stages", "driver", "training", "nodes"]),
+    ("models, stage placement, driving a schedule, training pieces, packed rows, nodes",
+     ["models", "stages", "driver", "training", "packing", "nodes"]),
     ("built on a model or a timeline: balancing, skip models, Hugging Face models, the workload, timing, "
-     "simulating, orders torch does not ship, the mixture-of-experts model",
-     ["split", "skip", "hf", "workload", "measure", "simulate", "custom_schedules", "kernels", "moe"]),
+     "simulating, orders torch does not ship, the mixture-of-experts model, the chapters' conceptual diagrams",
+     ["split", "skip", "hf", "workload", "measure", "simulate", "custom_schedules", "kernels", "moe", "diagrams"]),
     ("on the simulator or the workload: the scripts' command line, fitting the simulator to measured runs, "
-     "the planner page, memory in bytes per schedule, the simulator taught the all-to-all and overlapped pairs",
-     ["cli", "fit", "explorer", "memory", "overlap"]),
+     "the planner page, memory in bytes per schedule, the simulator taught the all-to-all and overlapped pairs, "
+     "chapter 5's schedule guide",
+     ["cli", "fit", "explorer", "memory", "overlap", "guide"]),
     ("top: the planner", ["plan"]),
 ]
 
