@@ -346,3 +346,40 @@ def test_the_pages_screenshot_shows_the_page_as_it_is():
     assert taken == explorer.source_digest(), (
         "the planner page changed since its screenshot was taken: make book && "
         ".venv/bin/python tools/screenshot_planner.py")
+
+
+# --- exports --------------------------------------------------------------------------------------------------
+
+def test_the_exports_are_the_pythons(js):
+    """The page's export of a layout, torchtitan 0.3.0 job or Megatron-LM arguments, is
+    ``python -m ppbook.plan --export``'s, text for text, and refuses what it refuses in its words."""
+    from ppbook import plan
+
+    H100, L = H.GPUS["h100-sxm"], H.LINKS
+    requests = [search.Request(shapes.PRESETS[name], H100, gpus, 8, batch, 4096, L["nvlink-h100"], L["ib-ndr400"],
+                               sequence_parallel=sp)
+                for name, gpus, batch, sp in (("llama3-70b", 64, 128, True), ("mistral-7b", 8, 64, False),
+                                              ("mixtral-8x7b", 16, 64, True))]
+    layouts = [search.Layout(4, 4, 4, "Interleaved1F1B", 2, 1, 32, "fsdp", "selective", "ends"),
+               search.Layout(4, 4, 4, "Interleaved1F1B", 3, 1, 32, "zero1", "full"),
+               search.Layout(8, 2, 4, "1F1B", 1, 2, 16, "zero2", "full", "ends"),
+               search.Layout(2, 1, 32, search.NO_PIPELINE, 1, 2, 2, "none", "none"),
+               search.Layout(1, 2, 4, "DualPipeV", 2, 1, 16, "fsdp", "none", "even", 2),
+               search.Layout(2, 4, 2, "GPipe", 1, 1, 32, "none", "full")]
+    def fitted(x, r):  # the layout on this request's GPUs and batch
+        dp = r.gpus // (x.tp * x.p)
+        return replace(x, dp=dp, m=max(1, r.global_batch // (dp * x.b)), ep=x.ep if r.model.moe else 1)
+
+    cases = [(r, fitted(x, r), kind) for r in requests for x in layouts if r.gpus % (x.tp * x.p) == 0
+             for kind in ("torchtitan", "megatron")]
+    got = js("""cases => cases.map(([req, L, kind]) => {
+        try { return new PPPlanner.Planner(req).exportText(L, kind); } catch (e) { return "error: " + e.message; } })""",
+             [[request_json(r), asdict(x), kind] for r, x, kind in cases])
+    refused = 0
+    for (req, layout, kind), answer in zip(cases, got):
+        try:
+            expected = plan.export(search.Prediction(layout), req, kind)
+        except ValueError as e:
+            expected, refused = f"error: {e}", refused + 1
+        assert answer == expected, (req.model.name, layout.label(), kind)
+    assert refused >= 4 and len(cases) - refused >= 10  # both branches, each framework

@@ -114,7 +114,11 @@
       h("span", {id: "ppx-derived", class: "ppx-note"})]),
     h("p", {id: "ppx-layout-stats", class: "ppx-stats"}),
     h("div", {id: "ppx-memory"}),
-    h("div", {id: "ppx-timeline"})]);
+    h("div", {id: "ppx-timeline"}),
+    h("details", {id: "ppx-export-box"}, [h("summary", {text: "Export the selected layout (as python -m ppbook.plan --export)"}),
+      field("as", options(dropdown("ppx-export-kind"), ["torchtitan", "megatron"],
+                          ["a torchtitan 0.3.0 job", "Megatron-LM arguments"], "torchtitan")),
+      h("pre", {id: "ppx-export", class: "ppx-export"})])]);
 
   const teachSchedule = options(dropdown("ppx-t-schedule"), data.choices.schedules, null, "1F1B");
   const teachSection = h("section", {id: "ppx-teach", hidden: true}, [
@@ -237,6 +241,14 @@
       choose(closest ? closest.layout : null);
     }
     root.dataset.plans = String(Number(root.dataset.plans) + 1);
+  }
+
+  // the selected layout as configuration: the port of plan.export (the same text, or its refusal)
+  function showExport() {
+    const box = $("ppx-export");
+    if (!planner || !current) { box.textContent = ""; return; }
+    try { box.textContent = planner.exportText(current, $("ppx-export-kind").value); }
+    catch (e) { box.textContent = e.message; }
   }
 
   function bandNote(req) {
@@ -382,6 +394,7 @@
       " tokens/s per GPU, " + Math.round(100 * pred.mfu / b.factor) + "% MFU (calibrated)" +
       (verdict ? "; " + verdict : "") + (pred.estimated ? "" : " (action times measured on an H100)");
     stats.dataset.stepS = pred.step_s;
+    showExport();
     root.dataset.layout = P.label(L);
     root.dataset.layoutFields = JSON.stringify(L);
     drawMemory(memory, pred.memory, req);
@@ -537,6 +550,7 @@
   for (const id of ["ppx-gpu-memory", "ppx-gpu-tflops", "ppx-gpu-bandwidth", "ppx-intra-bandwidth", "ppx-intra-latency",
                     "ppx-inter-bandwidth", "ppx-inter-latency", "ppx-gpus", "ppx-gpus-per-node", "ppx-global-batch", "ppx-seq-len"])
     $(id).addEventListener("input", () => later(plan));
+  $("ppx-export-kind").addEventListener("change", showExport);
   recipeSelect.addEventListener("change", plan);
   kernelsSelect.addEventListener("change", plan);
   teachSection.addEventListener("input", () => later(teach));

@@ -19,7 +19,7 @@ from dataclasses import asdict
 from importlib import resources
 from pathlib import Path
 
-from ppbook import timeline
+from ppbook import plan, timeline
 from ppbook.planner import calibration, costs, hardware, memory, schedules, search, shapes
 
 # What the page asks first: a model most readers know, on four nodes, with a batch small enough
@@ -48,6 +48,11 @@ def planner_data() -> dict:
                     "recompute": list(memory.RECOMPUTE), "balance": list(search.BALANCES),
                     "recipe": list(memory.RECIPES), "kernels": list(memory.KERNELS)},
         "colours": timeline.KIND_COLOURS,
+        # what plan.export needs: the frameworks' options, torchtitan's registry, Megatron's sharding flags
+        "export": {"frameworks": {k: {o: list(v) for o, v in fw.items()} for k, fw in plan.FRAMEWORKS.items()},
+                   "torchtitan_registry": {k: list(v) for k, v in plan.TORCHTITAN_REGISTRY.items()},
+                   "torchtitan_version": plan.TORCHTITAN_VERSION, "megatron_core_version": plan.MEGATRON_CORE_VERSION,
+                   "megatron_sharding": {k: list(v) for k, v in plan.MEGATRON_SHARDING.items()}},
         # the band every printed time carries (chapter 10): each GPU's family, each family's band
         "calibration": {"family": dict(calibration.FAMILY),
                         "bands": {k: asdict(b) for k, b in calibration.bands().items()},

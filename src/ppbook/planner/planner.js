@@ -1418,6 +1418,114 @@
     return this.pipelineRun(L, L.m, sc.costs, true);
   };
 
+  // --- plan.py's exports: a layout as a torchtitan 0.3.0 job or Megatron-LM arguments --------------------
+  // (the frameworks' options, torchtitan's registry and Megatron's sharding flags come from plan.py, in DATA.export)
+
+  // port of plan.runs_on
+  Planner.prototype.runsOn = function (L, kind) {
+    var fw = DATA.export.frameworks[kind];
+    if (fw.schedules.indexOf(L.schedule) < 0) return kind + " runs no " + L.schedule + " schedule";
+    if (fw.shardings.indexOf(L.sharding) < 0) return kind + " has no " + L.sharding + " sharding";
+    if (fw.recomputes.indexOf(L.recompute) < 0)
+      return kind + "'s selective recomputation (core attention only, by default) keeps about twice the " +
+        "activations of the op-level policy the planner counts";
+    if (kind === "megatron" && L.p > 1) {
+      if (L.balance === "ends" && numStages(L) > L.p)
+        return "Megatron-LM lightens the first and last pipeline ranks, not stages, under interleaving";
+      var layers = this.layersOf(numStages(L), L.balance).map(function (x) { return x.length; });
+      var middle = L.balance === "ends" ? layers.slice(1, -1) : layers;
+      if (middle.some(function (n) { return n !== middle[0]; }))
+        return "Megatron-LM splits the " + (L.balance === "ends" ? "middle " : "") + "layers evenly over the stages, and " +
+          middle.reduce(function (a, b) { return a + b; }, 0) + " do not split over " + middle.length;
+    }
+    return null;
+  };
+
+  // port of plan.torchtitan_args
+  Planner.prototype.torchtitanArgs = function (L) {
+    var req = this.req, fl = L.balance === "ends" && L.p > 1 ? this.endWeights() : [0, 0], notes = [];
+    var args = ["--parallelism.data_parallel_replicate_degree " + (L.sharding === "none" ? L.dp : 1),
+      "--parallelism.data_parallel_shard_degree " + (L.sharding === "fsdp" ? L.dp : 1),
+      "--parallelism.fsdp_reshard_after_forward " + req.fsdp_reshard,
+      "--parallelism.tensor_parallel_degree " + L.tp];
+    if (L.tp > 1) args.push(req.sequence_parallel ? "--parallelism.enable_sequence_parallel"
+                                                  : "--parallelism.no-enable_sequence_parallel");
+    args.push("--parallelism.pipeline_parallel_degree " + L.p);
+    if ((L.ep || 1) > 1) args.push("--parallelism.expert_parallel_degree " + L.ep);
+    if (L.p > 1) {
+      args.push("--parallelism.pipeline_parallel_schedule " + L.schedule,
+                "--parallelism.pipeline_parallel_microbatch_size " + L.b,
+                "--parallelism.pipeline_parallel_first_stage_less_layers " + fl[0],
+                "--parallelism.pipeline_parallel_last_stage_less_layers " + fl[1]);
+      var nS = numStages(L), defaultV = placement(L.schedule) === "single" ? 1 : 2;
+      if (nS / L.p !== defaultV) {
+        var units = req.model.layers + fl[0] + fl[1], perStage = Math.ceil(units / nS);
+        args.push("--parallelism.pipeline_parallel_layers_per_stage " + perStage);
+        if (Math.ceil(units / perStage) !== nS)
+          notes.push("torchtitan cuts " + units + " layer units into " + Math.ceil(units / perStage) + " stages at " +
+            perStage + " per stage, not " + nS + "; list the stages' modules in --parallelism.module_fqns_per_model_part");
+      }
+      args.push("--training.disable_cuda_graphs");
+      if (L.schedule === "DualPipeV")
+        notes.push("torchtitan 0.3.0 registers no function for DualPipeV's overlapped pairs: torch runs each " +
+          "pair's forward and backward one after the other");
+    }
+    args.push("--training.local_batch_size " + (L.p > 1 ? L.b * L.m : L.b),
+              "--training.global_batch_size " + req.global_batch, "--training.seq_len " + req.seq_len,
+              "activation-checkpoint:" + L.recompute);
+    return [args, notes];
+  };
+
+  // port of plan.megatron_args
+  Planner.prototype.megatronArgs = function (L) {
+    var req = this.req, notes = [];
+    var layers = this.layersOf(numStages(L), L.balance).map(function (x) { return x.length; });
+    var args = ["--tensor-model-parallel-size " + L.tp, "--pipeline-model-parallel-size " + L.p,
+      "--micro-batch-size " + L.b, "--global-batch-size " + req.global_batch, "--seq-length " + req.seq_len, "--bf16"];
+    if ((L.ep || 1) > 1) args.push("--expert-model-parallel-size " + L.ep);
+    if (numStages(L) > L.p) args.push("--num-virtual-stages-per-pipeline-rank " + numStages(L) / L.p);
+    if (L.balance === "ends" && L.p > 1)
+      args.push("--decoder-first-pipeline-num-layers " + layers[0], "--decoder-last-pipeline-num-layers " + layers[layers.length - 1]);
+    if (L.tp > 1 && req.sequence_parallel) args.push("--sequence-parallel");
+    args = args.concat(DATA.export.megatron_sharding[L.sharding]);
+    if (L.sharding === "zero2" || L.sharding === "fsdp")
+      notes.push(L.sharding + ": Megatron-Core's Megatron-FSDP" +
+        (L.p > 1 ? "; check that your version runs it with pipeline parallelism" : ""));
+    if (L.recompute === "full") args.push("--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1");
+    return [args, notes];
+  };
+
+  // port of plan.export (throws, as the Python raises, where the framework cannot run the layout)
+  Planner.prototype.exportText = function (L, kind) {
+    var req = this.req, problem = this.runsOn(L, kind), out, notes, lines;
+    if (problem) throw new Error("--export " + kind + ": " + problem + " (" + label(L) + ")");
+    var ex = DATA.export;
+    if (kind === "torchtitan") {
+      out = this.torchtitanArgs(L); notes = out[1];
+      var entry = ex.torchtitan_registry[req.model.name], module, config;
+      if (!entry) {
+        module = "YOUR_MODULE"; config = "YOUR_ENTRY";
+        notes.unshift("torchtitan " + ex.torchtitan_version + " has no registry entry for " + req.model.name + ": write one (a " +
+          "function returning Trainer.Config, as torchtitan/models/llama3/config_registry.py's llama3_70b) and name its " +
+          "module and function below");
+      } else {
+        module = entry[0]; config = entry[1];
+        notes.unshift("torchtitan " + ex.torchtitan_version + " (pip install torchtitan==" + ex.torchtitan_version +
+          "; its main branch has renamed fields since): registry entry " + config + ", model flavour " + entry[2]);
+      }
+      var nodes = Math.ceil(req.gpus / req.gpus_per_node), perNode = Math.min(req.gpus, req.gpus_per_node);
+      var head = "torchrun --nnodes " + nodes + " --nproc-per-node " + perNode +
+        (nodes > 1 ? " --rdzv-backend c10d --rdzv-endpoint $HEAD_NODE:29500" : "") +
+        " -m torchtitan.train --module " + module + " --config " + config;
+      lines = [[head].concat(out[0]).join(" \\\n  ")];
+    } else {
+      out = this.megatronArgs(L); notes = out[1];
+      notes.unshift("Megatron-LM arguments (megatron-core " + ex.megatron_core_version + "'s names), after your model's own");
+      lines = [out[0].join(" \\\n  ")];
+    }
+    return notes.map(function (n) { return "# " + n; }).concat(lines).join("\n");
+  };
+
   var api = {
     TORCH_SCHEDULES: TORCH_SCHEDULES, NO_PIPELINE: NO_PIPELINE, SHARDING: SHARDING, RECOMPUTE: RECOMPUTE,
     KERNELS: KERNELS, RECIPES: Object.keys(RECIPES), GB: GB, MEMORY_KINDS: MEMORY_KINDS,
