@@ -13,10 +13,12 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "ppbook"
 LAYERS: list[tuple[str, list[str]]] = [
     ("the torch-free planner (a subpackage: its schedules, simulator, memory, search), which imports nothing "
      "of ppbook outside itself", ["planner"]),
+    ("gloo held to NCCL's rules, which processes and launching install and which imports nothing of ppbook",
+     ["nccl_rules"]),
     ("leaves: formulas, reports, claims, errors, data, processes, launching, the action graph, precision, "
-     "recomputation, NCCL's rules held on gloo",
+     "recomputation",
      ["report", "claims", "errors", "bubble", "dataflow", "data", "dist", "launch",
-      "activations", "checkpoint", "precision", "fsdp_probe", "recompute", "fsdp_window", "nccl_rules"]),
+      "activations", "checkpoint", "precision", "fsdp_probe", "recompute", "fsdp_window"]),
     ("the timeline format, recorded and simulated", ["timeline"]),
     ("models, stage placement, driving a schedule, training pieces, packed rows, nodes",
      ["models", "stages", "driver", "training", "packing", "nodes"]),
