@@ -920,7 +920,8 @@
     if (list.some(function (dp) { return req.global_batch % dp === 0; })) return null;
     var smallest = list[0];
     return "--global-batch " + req.global_batch + " is not a multiple of any data-parallel size these GPUs allow (" +
-      list.join(", ") + "); use a multiple of " + smallest + ", e.g. " + Math.ceil(req.global_batch / smallest) * smallest;
+      list.join(", ") + "); use a multiple of " + smallest + ", e.g. " + Math.ceil(req.global_batch / smallest) * smallest +
+      " (context parallelism, which splits each sequence over GPUs instead, is not modelled)";
   };
 
   // port of constraint_problem

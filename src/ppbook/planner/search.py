@@ -347,7 +347,8 @@ def divisibility_problem(req: Request) -> str | None:
         smallest = min(dps)
         return (f"--global-batch {req.global_batch} is not a multiple of any data-parallel size these GPUs allow "
                 f"({', '.join(map(str, sorted(dps)))}); use a multiple of {smallest}, e.g. "
-                f"{-(-req.global_batch // smallest) * smallest}")
+                f"{-(-req.global_batch // smallest) * smallest} (context parallelism, which splits each sequence over "
+                "GPUs instead, is not modelled)")
     return None
 
 
