@@ -95,3 +95,15 @@ def test_the_why_is_arithmetic_that_adds_up():
     assert lines[-1].startswith("Megatron-LM cannot run the winner") and "its best: " in lines[-1]
     assert plan.runtime_needs(search.Layout(1, 2, 4, "DualPipeV", 2, 1, 16, "fsdp", "none")) == \
         "ScheduleDualPipeV, FSDP under a pipeline"
+
+
+def test_the_why_of_a_pipelined_winner_counts_the_pipeline_s_costs_and_savings():
+    from ppbook.planner import hardware, search, shapes
+
+    req = search.Request(shapes.PRESETS["mixtral-8x7b"], hardware.GPUS["h100-sxm"], 16, 8, 256, 4096,
+                         hardware.LINKS["nvlink-h100"], hardware.LINKS["ib-ndr400"])
+    ranked, _ = search.plan(req)
+    assert ranked[0].layout.p > 1
+    verdict = next(x for x in plan.why_lines(ranked, req) if x.startswith("  the pipeline loses"))
+    lost, saved = (float(x) for x in re.findall(r"([-\d.]+) s", verdict))
+    assert 0 <= lost < saved  # it wins: it saves more elsewhere than its bubble costs

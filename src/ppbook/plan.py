@@ -480,7 +480,7 @@ WHY_TERMS = {"computation": "computation", "recomputation": "recomputation", "bu
 
 def _sum_line(name: str, terms: dict[str, float], k: float) -> str:
     parts = " + ".join(f"{k * terms[t]:.1f} {WHY_TERMS[t]}" for t in TERMS if k * terms[t] >= 0.05 or t == "computation")
-    return f"  {name:<10} {parts} = {k * sum(terms.values()):.1f} s"
+    return f"  {name:<12} {parts} = {k * sum(terms.values()):.1f} s"
 
 
 def why_lines(ranked: list[search.Prediction], req: search.Request) -> list[str]:
@@ -518,9 +518,10 @@ def why_lines(ranked: list[search.Prediction], req: search.Request) -> list[str]
                 lines.append(f"  a pipeline loses {k * bubble:.1f} s to its bubble and hand-offs and saves nothing "
                              "elsewhere: it pays only once the layouts without one stop fitting (a longer sequence, a "
                              "larger model, fewer GPUs)")
-        else:
-            lines.append(f"  the pipeline loses {k * bubble:.1f} s to its bubble and hand-offs and saves {-k * rest:.1f} s "
-                         f"elsewhere, most of it in {WHY_TERMS[min(TERMS, key=lambda t: diff[t])]}")
+        else:  # the winner is the pipeline: what the other layout spends beyond it is the pipeline's saving
+            saved = {t: diff[t] for t in TERMS if t != "bubble and hand-offs"}
+            lines.append(f"  the pipeline loses {-k * bubble:.1f} s to its bubble and hand-offs and saves {k * rest:.1f} s "
+                         f"elsewhere, most of it in {WHY_TERMS[max(saved, key=saved.get)]}")
     needs = runtime_needs(win.layout)
     if needs:
         lines.append(f"the winner needs torch 2.13's pipelining runtime ({needs}): torchtitan runs it; Megatron-LM does not")
