@@ -360,7 +360,7 @@ def figure_legend(fig) -> None:
     title = None
     if any(a._ppbook_labelled for a in drawn):
         title = "in a block: the microbatch\n(F3: its forward" + (
-            ";\n5F3: on stage 5)" if any(a._ppbook_chunked for a in drawn) else ")")
+            ";\n5F3, or 3 over s5: on stage 5)" if any(a._ppbook_chunked for a in drawn) else ")")
     top = max(drawn, key=lambda a: (round(a.get_position().y1, 3), a.get_position().x1))
     top._ppbook_legend = top.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7,
                                     frameon=False, title=title, title_fontsize=7, alignment="left")
