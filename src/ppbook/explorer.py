@@ -19,8 +19,8 @@ from dataclasses import asdict
 from importlib import resources
 from pathlib import Path
 
-from ppbook import plan, timeline
-from ppbook.planner import calibration, costs, hardware, memory, schedules, search, shapes
+from ppbook import timeline
+from ppbook.planner import calibration, costs, export, hardware, memory, schedules, search, shapes
 
 # What the page asks first: a model most readers know, on four nodes, with a batch small enough
 # that the first timeline can be read (a few dozen actions per rank, not hundreds).
@@ -48,11 +48,11 @@ def planner_data() -> dict:
                     "recompute": list(memory.RECOMPUTE), "balance": list(search.BALANCES),
                     "recipe": list(memory.RECIPES), "kernels": list(memory.KERNELS)},
         "colours": timeline.KIND_COLOURS,
-        # what plan.export needs: the frameworks' options, torchtitan's registry, Megatron's sharding flags
-        "export": {"frameworks": {k: {o: list(v) for o, v in fw.items()} for k, fw in plan.FRAMEWORKS.items()},
-                   "torchtitan_registry": {k: list(v) for k, v in plan.TORCHTITAN_REGISTRY.items()},
-                   "torchtitan_version": plan.TORCHTITAN_VERSION, "megatron_core_version": plan.MEGATRON_CORE_VERSION,
-                   "megatron_sharding": {k: list(v) for k, v in plan.MEGATRON_SHARDING.items()}},
+        # what the exports need (ppbook.planner.export, also read by plan.export): the frameworks' options, torchtitan's registry, Megatron's sharding flags
+        "export": {"frameworks": {k: {o: list(v) for o, v in fw.items()} for k, fw in export.FRAMEWORKS.items()},
+                   "torchtitan_registry": {k: list(v) for k, v in export.TORCHTITAN_REGISTRY.items()},
+                   "torchtitan_version": export.TORCHTITAN_VERSION, "megatron_core_version": export.MEGATRON_CORE_VERSION,
+                   "megatron_sharding": {k: list(v) for k, v in export.MEGATRON_SHARDING.items()}},
         # the band every printed time carries (chapter 10): each GPU's family, each family's band
         "calibration": {"family": dict(calibration.FAMILY),
                         "bands": {k: asdict(b) for k, b in calibration.bands().items()},

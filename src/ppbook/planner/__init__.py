@@ -20,5 +20,6 @@ page of the site.
 - :mod:`~ppbook.planner.traffic`: bytes each kind of parallelism moves;
 - :mod:`~ppbook.planner.fsdp_window`: FSDP2's all-gathers in a step, with torch's unshard window;
 - :mod:`~ppbook.planner.costs`: seconds per action, measured or estimated;
-- :mod:`~ppbook.planner.search`: the candidates, their predictions, the ranking.
+- :mod:`~ppbook.planner.search`: the candidates, their predictions, the ranking;
+- :mod:`~ppbook.planner.export`: what torchtitan and Megatron-LM run, for the exports.
 """
