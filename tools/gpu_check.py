@@ -41,7 +41,7 @@ from ppbook.memory import llama_parameters
 from ppbook.models import build_model
 from ppbook.training import TokenMeanLoss
 
-SCRIPTS = ("01_first_pipeline.py", "02_naive.py", "03_gpipe.py", "04_splitting.py", "05_schedules.py",
+SCRIPTS = ("01_minimal.py", "01_first_pipeline.py", "02_naive.py", "03_gpipe.py", "04_splitting.py", "05_schedules.py",
            "06_loss_and_masks.py", "06_train.py", "07_checkpointing.py", "08_beyond_chain.py",
            "09_scaling_out.py", "a1_migrate.py", "a3_troubleshooting.py")
 # dense bfloat16 peak FLOP/s from NVIDIA's datasheets, matched on the device name (first match wins)
@@ -58,6 +58,7 @@ def script_commands(n: int, device: str, scripts=SCRIPTS) -> list[dict]:
     layers = str(max(4, n))
     m5 = 8 if n <= 2 else 4 * n  # 05: DualPipeV needs m >= 2n, the looped schedules m % n == 0
     sized = {
+        "01_minimal.py": ["--layers", layers],  # no --check: it trains, and its tests compare it with one process
         "01_first_pipeline.py": ["--check", "--layers", layers],
         "02_naive.py": ["--check", "--layers", layers],
         "03_gpipe.py": ["--check", "--layers", layers],
