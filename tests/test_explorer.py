@@ -141,6 +141,21 @@ def test_hugging_face_configs_are_read_and_refused_as_the_python_does(js):
             expected = f"error: {e}"
         assert answer == expected, config
     assert sum(isinstance(a, str) for a in got) == len(BAD_CONFIGS) + len(BAD_MLP_CONFIGS)  # each refused, in one line
+    # the page's pins of v and dp read as the command line's --v and --dp, or refused in its words
+    from ppbook import plan
+
+    pins = [("--v", "5 7, 12"), ("--dp", "8"), ("--v", ""), ("--dp", "4 0"), ("--v", "-2")]
+    got = js("""ps => ps.map(([flag, text]) => { try { return PPPlanner.pins(text, flag); }
+                                                catch (e) { return "error: " + e.message; } })""", pins)
+    base = ["--model", "llama3-8b", "--gpus", "8", "--global-batch", "64", "--seq-len", "4096"]
+    for (flag, text), answer in zip(pins, got):
+        values = text.replace(",", " ").split()
+        try:
+            req = plan.request_from(plan.parse_args(base + ([flag, *values] if values else [])))
+            expected = list(req.vs if flag == "--v" else req.dps)
+        except ValueError as e:
+            expected = f"error: {e}"
+        assert answer == expected, (flag, text)
 
 
 # --- plans and layouts ----------------------------------------------------------------------------------------

@@ -101,7 +101,11 @@
       field("GPUs per node", number("ppx-gpus-per-node", {min: 1, step: 1, value: data.request.gpus_per_node})),
       field("global batch", number("ppx-global-batch", {min: 1, step: 1, value: data.request.global_batch}), "sequences"),
       field("sequence length", number("ppx-seq-len", {min: 1, step: 1, value: data.request.seq_len}), "tokens"),
-      field("precision", recipeSelect), field("kernels", kernelsSelect)]),
+      field("precision", recipeSelect), field("kernels", kernelsSelect), h("br"),
+      field("pin v", h("input", {type: "text", id: "ppx-pin-v", class: "ppx-pin", placeholder: "any",
+                                 title: "stages per rank to try, as --v: e.g. 5 12 (the looped schedules take each)"})),
+      field("pin dp", h("input", {type: "text", id: "ppx-pin-dp", class: "ppx-pin", placeholder: "any",
+                                  title: "data-parallel sizes to try, as --dp: e.g. 4 8"}))]),
     h("p", {id: "ppx-error", class: "ppx-error", role: "alert"}),
     h("p", {id: "ppx-header", class: "ppx-note"}),
     h("div", {class: "ppx-table-wrap"}, [h("table", {id: "ppx-table", class: "ppx-table"})]),
@@ -188,7 +192,8 @@
     const req = {model: model(), gpu: gpu(), gpus: positive("ppx-gpus", "GPUs in all", true),
       gpus_per_node: positive("ppx-gpus-per-node", "GPUs per node", true),
       global_batch: positive("ppx-global-batch", "global batch", true), seq_len: positive("ppx-seq-len", "sequence length", true),
-      intra: link("intra"), inter: link("inter"), recipe: recipeSelect.value, kernels: kernelsSelect.value};
+      intra: link("intra"), inter: link("inter"), recipe: recipeSelect.value, kernels: kernelsSelect.value,
+      vs: P.pins($("ppx-pin-v").value, "--v"), dps: P.pins($("ppx-pin-dp").value, "--dp")};
     if (req.gpus > req.gpus_per_node && req.gpus % req.gpus_per_node)
       throw new Error(req.gpus + " GPUs is not a whole number of nodes of " + req.gpus_per_node +
                       "; use a multiple of " + req.gpus_per_node + " (or change GPUs per node)");
@@ -313,7 +318,9 @@
     const names = L.p === 1 ? [P.NO_PIPELINE] : data.choices.schedules;
     options($("ppx-schedule"), names, names.map((n) => n === P.NO_PIPELINE ? "no pipeline" : n), L.schedule);
     const kind = L.schedule === P.NO_PIPELINE ? "single" : P.placement(L.schedule);
-    const vs = kind === "loop" ? [2, 3, 4].filter((v) => v <= Math.max(req.max_v, L.v)) : [kind === "v" ? 2 : 1];
+    const tried = req.vs.length ? req.vs.filter((v) => v >= 2) : [2, 3, 4].filter((v) => v <= req.max_v);
+    const vs = kind === "loop" ? [...new Set(tried.concat([L.v]))].filter((v) => v >= 2).sort((a, b) => a - b)
+      : [kind === "v" ? 2 : 1];
     options($("ppx-v"), vs, null, L.v);
     $("ppx-v").disabled = kind !== "loop";
     const perReplica = req.global_batch % L.dp === 0 ? req.global_batch / L.dp : 0;
@@ -548,7 +555,8 @@
   intraSelect.addEventListener("change", () => { fillLink("intra"); plan(); });
   interSelect.addEventListener("change", () => { fillLink("inter"); plan(); });
   for (const id of ["ppx-gpu-memory", "ppx-gpu-tflops", "ppx-gpu-bandwidth", "ppx-intra-bandwidth", "ppx-intra-latency",
-                    "ppx-inter-bandwidth", "ppx-inter-latency", "ppx-gpus", "ppx-gpus-per-node", "ppx-global-batch", "ppx-seq-len"])
+                    "ppx-inter-bandwidth", "ppx-inter-latency", "ppx-gpus", "ppx-gpus-per-node", "ppx-global-batch", "ppx-seq-len",
+                    "ppx-pin-v", "ppx-pin-dp"])
     $(id).addEventListener("input", () => later(plan));
   $("ppx-export-kind").addEventListener("change", showExport);
   recipeSelect.addEventListener("change", plan);

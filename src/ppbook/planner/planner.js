@@ -1527,6 +1527,18 @@
     return notes.map(function (n) { return "# " + n; }).concat(lines).join("\n");
   };
 
+  // a pin of the page (stages per rank, data-parallel sizes) as the command line's --v / --dp read it:
+  // whole numbers, each at least 1 (request_from's words), separated by spaces or commas; empty: no pin
+  function pins(text, flag) {
+    var words = String(text).trim().split(/[\s,]+/).filter(function (w) { return w !== ""; });
+    return words.map(function (w) {
+      if (!/^-?\d+$/.test(w)) throw new Error(flag + ": '" + w + "' is not a whole number; give sizes such as 2 4 8");
+      var x = Number(w);
+      if (x < 1) throw new Error(flag + " must be at least 1, got " + x);
+      return x;
+    });
+  }
+
   var api = {
     TORCH_SCHEDULES: TORCH_SCHEDULES, NO_PIPELINE: NO_PIPELINE, SHARDING: SHARDING, RECOMPUTE: RECOMPUTE,
     KERNELS: KERNELS, RECIPES: Object.keys(RECIPES), GB: GB, MEMORY_KINDS: MEMORY_KINDS,
@@ -1535,7 +1547,7 @@
     shape: shape, fromHfConfig: fromHfConfig, validateShape: validateShape, totalParameters: totalParameters,
     activeParameters: activeParameters, routedExpertParameters: routedExpertParameters, layerActivationValues: layerActivationValues,
     layerCosts: layerCosts, headCosts: headCosts, efficiency: efficiency,
-    layout: layout, label: label, numStages: numStages, usableBytes: usableBytes, Planner: Planner,
+    layout: layout, label: label, numStages: numStages, usableBytes: usableBytes, Planner: Planner, pins: pins,
     load: function (data) { for (var k in data) DATA[k] = data[k]; return api; },
     data: function () { return DATA; }
   };
