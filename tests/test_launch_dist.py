@@ -231,3 +231,32 @@ def test_the_server_ends_with_the_process_that_started_it(tmp_path):
     except psutil.TimeoutExpired:
         server.kill()
         pytest.fail("the launch server outlived the process that started it")
+
+
+def test_reader_command_drops_the_launchers_json_and_machine_paths(tmp_path):
+    """Pure: what a chapter prints is what a reader types at the repository root."""
+    import sys
+    import tempfile
+
+    root = "/home/someone/book"
+    mine = f"{tempfile.gettempdir()}/ppbook-k2j3x9_q/result.json"
+    saves = f"{tempfile.gettempdir()}/ppbook-ch7-ab12cd34/p2"
+    r = launch.RunResult([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                          "scripts/03_gpipe.py", "--microbatches", "4", "--save-dir", saves,
+                          "--config", f"{root}/data/x.json", "--json", mine],
+                         0, "", 0.0, json_path=mine, env={"PPBOOK_NCCL_RULES": "1"}, root=root)
+    assert r.reader_command == ("PPBOOK_NCCL_RULES=1 torchrun --standalone --nproc-per-node 2 scripts/03_gpipe.py "
+                                "--microbatches 4 --save-dir /tmp/ppbook-ch7/p2 --config data/x.json")
+    # a --json the reader asked for stays; so does every path outside the repository and the temporary folder
+    own = launch.RunResult([sys.executable, "scripts/x.py", "--json", "/data/out.json"], 0, "", 0.0)
+    assert own.reader_command == "python scripts/x.py --json /data/out.json"
+
+
+def test_reader_command_of_a_real_launch(tmp_path):
+    script = write(tmp_path, """
+        import json, sys
+        json.dump({}, open(sys.argv[sys.argv.index("--json") + 1], "w"))
+    """)
+    r = launch.python(script, ["--x", 1], timeout=30, env={"PPBOOK_DEMO": "2"})
+    assert "--json" in r.shell_command and "--json" not in r.reader_command
+    assert r.reader_command.startswith("PPBOOK_DEMO=2 python ") and r.reader_command.endswith(" --x 1")

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -45,6 +46,9 @@ class RunResult:
     seconds: float
     data: dict | None = field(default=None)
     forked: bool = False  # the ranks were forked from the launch server (ppbook_tools.zygote), not started by torchrun
+    json_path: str | None = None  # the ``--json`` path the launcher added of its own (no reader types it)
+    env: dict | None = None  # the variables set for this launch only (``env=`` of torchrun/python)
+    root: str | None = None  # the repository root the command ran in
 
     @property
     def shell_command(self) -> str:
@@ -55,6 +59,38 @@ class RunResult:
         elif cmd[:1] == [sys.executable]:
             cmd = ["python"] + cmd[1:]
         return shlex.join(cmd)
+
+    @property
+    def reader_command(self) -> str:
+        """The command a reader types at the repository root, as chapters print it: ``shell_command``
+        without the launcher's own ``--json`` path, the launch's variables in front
+        (``PPBOOK_NCCL_RULES=1 torchrun ...``), paths inside the repository relative to it, and a
+        folder made by ``tempfile`` shown as ``/tmp/<its prefix>`` (``/tmp/ppbook-ch7/p2``), so that no
+        page shows a path of the machine that built it, e.g.
+        ``torchrun --standalone --nproc-per-node 2 scripts/03_gpipe.py --microbatches 4``."""
+        words = shlex.split(self.shell_command)
+        if self.json_path is not None and words[-2:] == ["--json", self.json_path]:
+            words = words[:-2]
+        words = [_reader_path(w, self.root) for w in words]
+        prefix = [f"{k}={v}" for k, v in (self.env or {}).items()]
+        return shlex.join([*prefix, *words])
+
+
+def _reader_path(word: str, root: str | None) -> str:
+    """``word`` as a reader would type it: relative to ``root`` inside it; under the temporary folder,
+    ``/tmp/`` and the folder's prefix without tempfile's random eight characters."""
+    if not word.startswith("/"):
+        return word
+    path = Path(word)
+    if root is not None and path.is_relative_to(root):
+        return str(path.relative_to(root)) or "."
+    tmp = Path(tempfile.gettempdir())
+    if path.is_relative_to(tmp) and path != tmp:
+        first, *rest = path.relative_to(tmp).parts
+        made = re.fullmatch(r"(.*[-_]|tmp)[a-z0-9_]{8}", first)  # mkdtemp's prefix, then 8 random characters
+        first = made[1].rstrip("-_") if made else first
+        return str(Path("/tmp", first, *rest))
+    return word
 
 
 def repo_root(start: Path | None = None) -> Path:
@@ -177,7 +213,9 @@ def _launch(prefix: list[str], script: str, args, timeout: float, check: bool, j
         args = [*map(str, args), *extra]
         command = [*prefix, str(shown), *args]
         fork = (shown, args, nproc) if forkable else None
-        return _run(command, timeout, root, out if json_result else None, check, fork, env)
+        result = _run(command, timeout, root, out if json_result else None, check, fork, env)
+        result.json_path, result.env, result.root = (str(out) if json_result else None), env, str(root)
+        return result
 
 
 def torchrun(script: str, args: list[str] | tuple = (), nproc: int = 2, timeout: float = 120.0,
