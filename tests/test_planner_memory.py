@@ -144,3 +144,24 @@ def test_the_weight_pass_differentiates_the_groups_the_planner_counts(kernel):
                                   [_get_grad_fn_or_grad_acc(p) for p in block.parameters()],
                                   construct_reverse_graph([out.grad_fn]))
         assert len(groups) == block_weight_groups(shape_of(cfg)) == 9
+
+
+def test_an_moe_layer_keeps_each_routed_tokens_copy_and_its_experts_output():
+    """Per token and expert it routes to, an MoE layer keeps the dispatched copy of the token (k x h)
+    and the expert's output (k x h more), which the gate's gradient needs: the combine weights each
+    output by its gate, so d gate = d out . expert out (for DeepSeek-V3, 26% more than a layer was counted to
+    keep without them)."""
+    from dataclasses import replace
+
+    from ppbook.planner import memory, shapes
+
+    ds = shapes.PRESETS["deepseek-v3"]
+    one_more = replace(ds, top_k=ds.top_k + 1)
+    for kernels, recompute in (("fused", "none"), ("unfused", "none"), ("fused", "selective")):
+        grown = (memory.layer_activation_values(one_more, kernels, recompute, True, 4096)[0]
+                 - memory.layer_activation_values(ds, kernels, recompute, True, 4096)[0])
+        expert = memory._mlp_values(ds, ds.expert_ffn, kernels) if recompute == "none" else ds.expert_ffn
+        assert grown == expert + 2 * ds.hidden, (kernels, recompute)
+    low, _ = memory.layer_activation_values(ds, "fused", "none", True, 4096)
+    added = ds.top_k * ds.hidden  # the experts' outputs: about a quarter of what the layer was counted to keep
+    assert 0.25 < added / (low - added) < 0.27

@@ -232,7 +232,9 @@ def layer_activation_values(shape: ModelShape, kernels: str = "fused", recompute
     width = shape.expert_ffn if moe_layer else shape.ffn
     routed = (shape.top_k + shape.shared_experts) if moe_layer else 1  # MLPs a token goes through
     router = shape.experts if moe_layer else 0
-    dispatched = shape.top_k * h if moe_layer else 0  # tokens copied to their experts
+    # tokens copied to their experts, and each expert's output, which the gate's gradient needs (the
+    # combine weights each output by its gate: d gate = d out . expert out): k x h each
+    dispatched = 2 * shape.top_k * h if moe_layer else 0
     lse = shape.heads  # attention's log-sum-exp, float32, per head
     if recompute == "full":
         return h, 0.0

@@ -620,7 +620,7 @@
     var h = s.hidden, w = attentionWidths(s), q = w[0], k = w[1], v = w[2], out = w[3];
     var width = moeLayer ? s.expert_ffn : s.ffn;
     var routed = moeLayer ? s.top_k + s.shared_experts : 1;
-    var router = moeLayer ? s.experts : 0, dispatched = moeLayer ? s.top_k * h : 0, lse = s.heads;
+    var router = moeLayer ? s.experts : 0, dispatched = moeLayer ? 2 * s.top_k * h : 0, lse = s.heads;  // dispatched tokens and expert outputs
     if (recompute === "full") return [h, 0];
     if (recompute === "selective") {
       if (gated(s)) return [h + q + v + out + routed * width + h + router + dispatched, lse];
