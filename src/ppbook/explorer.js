@@ -477,6 +477,8 @@
         `microbatch ${e.microbatch}, ${timeText(e.start)} to ${timeText(e.end)}`;
       if (w > 24) s("text", {x: x + w / 2, y: y + rowH / 2 + 4, "font-size": 10, fill: "white", "text-anchor": "middle"}, svg)
         .textContent = `${e.stage}${e.kind}${e.microbatch}`;
+      else if (w > 9) s("text", {x: x + w / 2, y: y + rowH / 2 + 4, "font-size": 10, fill: "white", "text-anchor": "middle"}, svg)
+        .textContent = `${e.microbatch}`;
     });
     events.forEach((e) => {
       if (e.from === undefined || e.from < 0) return;

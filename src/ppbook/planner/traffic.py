@@ -61,8 +61,9 @@ def fsdp_gathers(kinds: list[str], reshard_after_forward: bool) -> int:
     ``PipelineStage``, given the kinds (``F``, ``B``, ``I``, ``W``) of the stage's actions in order.
 
     A block is gathered when it is used while freed. After a forward it is freed again if
-    ``reshard_after_forward``; after a backward it stays gathered, because ``PipelineStage``
-    switches resharding after backward off until the step's end (``perform_reduce_grad``). So
+    ``reshard_after_forward``; after a backward it is not freed (the stage switches resharding
+    after backward off until the step's end, ``perform_reduce_grad``); the next forward frees it if
+    ``reshard_after_forward``, else it stays gathered to the step's end. So
     GPipe's order costs ``m + 1`` gathers with resharding and 1 without; 1F1B's frees and
     re-gathers around each forward that follows a backward. Chapter 9 measures these counts.
     """
