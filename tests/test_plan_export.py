@@ -244,3 +244,21 @@ def test_megatron_selective_is_refused_not_mapped():
     with pytest.raises(ValueError, match="twice the activations"):
         plan.export(search.predict(layout, req, check_memory=False), req, "megatron")
     assert plan.runs_on(search.Layout(4, 4, 4, "Interleaved1F1B", 2, 1, 32, "fsdp", "selective"), "torchtitan") is None
+
+
+def test_torchtitan_export_refuses_dualpipev_overlap_it_does_not_run():
+    """A plan that hides DualPipeV's all-to-all under its pair (--overlap-f-b) is not torchtitan
+    0.3.0's: outside its experiments, nothing in it registers a function for torch's OVERLAP_F_B
+    actions (the overlap added after it, torchtitan/distributed/dual_pipe_v.py, refuses activation
+    checkpointing)."""
+    from dataclasses import replace
+
+    source = Path(importlib.util.find_spec("torchtitan").origin).parent
+    registers = [f for f in source.rglob("*.py") if "experiments" not in f.parts
+                 and ("OVERLAP_F_B" in f.read_text() or "register_custom_function" in f.read_text())]
+    assert not registers, registers
+    req = request("mixtral-8x7b", 16, 64, 4096)
+    layout = search.Layout(1, 2, 8, "DualPipeV", 2, 1, 8, "fsdp", "full", "even", 2)
+    assert plan.runs_on(layout, "torchtitan", req) is None
+    assert "plan without --overlap-f-b" in plan.runs_on(layout, "torchtitan", replace(req, overlap_f_b=True))
+    assert plan.runs_on(replace(layout, ep=1), "torchtitan", replace(req, overlap_f_b=True)) is None

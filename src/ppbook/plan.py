@@ -616,6 +616,9 @@ def runs_on(layout: search.Layout, kind: str, req: search.Request | None = None)
         return f"{kind} runs no {layout.schedule} schedule"
     if layout.sharding not in fw["shardings"]:
         return f"{kind} has no {layout.sharding} sharding"
+    if (kind == "torchtitan" and req is not None and req.overlap_f_b and layout.schedule == "DualPipeV"
+            and layout.ep > 1):  # torchtitan/distributed/dual_pipe_v.py (after 0.3.0): get_dual_pipe_v_flag
+        return ("torchtitan 0.3.0 has no DualPipeV overlap of the experts' all-to-all (it registers no OVERLAP_F_B function; the overlap added after it refuses activation checkpointing): plan without --overlap-f-b")
     if layout.recompute not in fw["recomputes"]:
         return (f"{kind}'s selective recomputation (core attention only, by default) keeps about twice the "
                 "activations of the op-level policy the planner counts")

@@ -1427,6 +1427,8 @@
     var fw = DATA.export.frameworks[kind];
     if (fw.schedules.indexOf(L.schedule) < 0) return kind + " runs no " + L.schedule + " schedule";
     if (fw.shardings.indexOf(L.sharding) < 0) return kind + " has no " + L.sharding + " sharding";
+    if (kind === "torchtitan" && this.req.overlap_f_b && L.schedule === "DualPipeV" && (L.ep || 1) > 1)
+      return "torchtitan 0.3.0 has no DualPipeV overlap of the experts' all-to-all (it registers no OVERLAP_F_B function; the overlap added after it refuses activation checkpointing): plan without --overlap-f-b";
     if (fw.recomputes.indexOf(L.recompute) < 0)
       return kind + "'s selective recomputation (core attention only, by default) keeps about twice the " +
         "activations of the op-level policy the planner counts";
