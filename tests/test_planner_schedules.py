@@ -72,3 +72,17 @@ def test_every_action_of_every_microbatch_once(name):
         split = name in S.SPLIT_BACKWARD
         assert kinds.count("F") == m and kinds.count("B") + kinds.count("I") == m
         assert kinds.count("W") == kinds.count("I") and (split or not kinds.count("I"))
+
+
+def test_deep_interleaving_holds_megatrons_warm_up():
+    """What the planner counts in flight under interleaved 1F1B, up to v = 12 stages per rank, is
+    Megatron-LM's warm-up (Narayanan et al. 2021): rank r runs 2 (p - r - 1) + (v - 1) p forwards
+    of one stage and microbatch before its first backward, and holds one more, at most all m v."""
+    from ppbook.planner import search
+
+    for p in (2, 4, 8):
+        for v in (2, 3, 5, 12):
+            for m in (p, 2 * p, 4 * p):
+                held = search.in_flight("Interleaved1F1B", p, m, v)
+                for r in range(p):
+                    assert sum(c for _, c, _ in held[r]) == min(m * v, 2 * (p - r - 1) + (v - 1) * p + 1), (p, v, m, r)
