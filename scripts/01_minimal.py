@@ -2,18 +2,19 @@
 process, cut into one stage per process, trained with ``torch.distributed.pipelining``. It
 imports nothing but torch and the standard library: copy it into your own project.
 
+CPU, one process and one stage (no torchrun: the reference the pipeline must equal):
+    python scripts/01_minimal.py
 CPU, two stages (gloo):
     torchrun --standalone --nproc-per-node 2 scripts/01_minimal.py
-CPU, one process and one stage (the same program, the reference the pipeline must equal):
-    torchrun --standalone --nproc-per-node 1 scripts/01_minimal.py
 GPUs, two stages, one GPU per process (NCCL):
     torchrun --standalone --nproc-per-node 2 scripts/01_minimal.py --device cuda
 
 Each process torchrun starts finds its RANK, WORLD_SIZE and LOCAL_RANK in its environment; it
-reads them, joins the process group, keeps its stage of the model and trains it. The last
-stage prints the loss of every step; ``--json PATH`` writes the losses and every parameter
-after training (rank 0 gathers them), which tests/test_minimal_pipeline.py compares with one
-process.
+reads them, joins the process group, keeps its stage of the model and trains it. Started with
+plain ``python``, where those variables are absent, it is rank 0 of a world of one: a one-stage
+pipeline that holds the whole model. The last stage prints the loss of every step;
+``--json PATH`` writes the losses and every parameter after training (rank 0 gathers them),
+which tests/test_minimal_pipeline.py compares with one process.
 """
 
 from __future__ import annotations
@@ -116,41 +117,49 @@ def loss_fn(logits, targets):                             # (B/m, T, vocab), (B/
 
 
 def train(args: argparse.Namespace) -> None:
-    # === who am I: torchrun gives every process these three ===
-    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local_rank = int(os.environ["LOCAL_RANK"])            # its index on this machine
+    # === who am I: torchrun gives every process three variables ===
+    rank = int(os.environ.get("RANK", 0))              # its place among all processes
+    world_size = int(os.environ.get("WORLD_SIZE", 1))  # how many: one stage each
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))  # its place on this machine
+    # plain python: a world of one, met in memory instead of at torchrun's address
+    alone = {} if "RANK" in os.environ else dict(
+        store=dist.HashStore(), rank=0, world_size=1)
     if args.device == "cuda":
-        device = torch.device("cuda", local_rank)         # one GPU per process
+        device = torch.device("cuda", local_rank)      # one GPU per process
         torch.cuda.set_device(device)
-        dist.init_process_group("nccl", device_id=device)
+        dist.init_process_group("nccl", device_id=device, **alone)
     else:
         device = torch.device("cpu")
-        dist.init_process_group("gloo")
+        dist.init_process_group("gloo", **alone)
     # === the full model from one seed on every rank, then keep this rank's stage ===
     torch.manual_seed(args.seed)
     full = Model(args.vocab, args.dim, args.heads, args.layers)
     stage_mod = cut(full, rank, world_size).to(device)
     stage = PipelineStage(stage_mod, stage_index=rank, num_stages=world_size,
-                          device=device)
-    schedule = ScheduleGPipe(stage, n_microbatches=args.microbatches, loss_fn=loss_fn)
-    opt = torch.optim.AdamW(stage_mod.parameters(), lr=args.lr)
-    # === one batch, the same on every rank: tokens and the tokens that follow them ===
+                          device=device)               # its neighbours: r-1, r+1
+    schedule = ScheduleGPipe(stage, n_microbatches=args.microbatches,
+                             loss_fn=loss_fn)
+    opt = torch.optim.AdamW(stage_mod.parameters(), lr=args.lr)  # this stage's
+    # === one batch, the same on every rank: tokens and the tokens that follow ===
     rows = torch.randint(args.vocab, (args.batch_size, args.seq_len + 1),
                          generator=torch.Generator().manual_seed(args.seed))
-    x = rows[:, :-1].contiguous().to(device)              # (B, T) inputs and targets:
-    y = rows[:, 1:].contiguous().to(device)               # contiguous, on the device
+    x = rows[:, :-1].contiguous().to(device)           # (B, T) inputs and targets:
+    y = rows[:, 1:].contiguous().to(device)            # contiguous, on the device
     losses = []
+    # === train: every step runs m forwards and m backwards on every stage ===
     for step in range(args.steps):
         opt.zero_grad()
-        mb_losses = []                                    # filled by the last stage
-        inputs = (x,) if rank == 0 else ()                # the batch enters at stage 0
-        target = y if rank == world_size - 1 else None    # the loss at the last
-        schedule.step(*inputs, target=target, losses=mb_losses)  # m F's and m B's
-        opt.step()                                        # each rank updates its stage
-        if mb_losses:
+        mb_losses = []                                 # filled by the last stage
+        inputs = (x,) if rank == 0 else ()             # the batch enters at stage 0
+        target = y if rank == world_size - 1 else None  # the loss at the last
+        # compute: F and B of each microbatch
+        # comm: activations to rank r+1, gradients to rank r-1
+        schedule.step(*inputs, target=target, losses=mb_losses)
+        opt.step()                                     # compute: update this stage
+        if mb_losses:                                  # only the last stage has them
             losses.append(torch.stack(mb_losses).mean().item())
             print(f"step {step}: loss {losses[-1]:.4f}")
-    report(args, rank, world_size, stage_mod, losses)
+    report(args, rank, world_size, stage_mod, losses)  # comm: gather on rank 0
     dist.destroy_process_group()
 # [end-program]
 
@@ -172,10 +181,7 @@ def report(args, rank: int, world_size: int, stage_mod: nn.Module, losses: list[
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
-        if "RANK" not in os.environ:
-            raise ValueError("start it with torchrun, e.g. torchrun --standalone --nproc-per-node 2 "
-                             "scripts/01_minimal.py")
-        validate(args, int(os.environ["WORLD_SIZE"]))
+        validate(args, int(os.environ.get("WORLD_SIZE", 1)))
     except ValueError as err:
         if os.environ.get("RANK", "0") == "0":  # every rank fails the same check: one prints it
             print(f"01_minimal.py: error: {err}", file=sys.stderr)

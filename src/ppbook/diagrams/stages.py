@@ -92,7 +92,7 @@ def pipeline_figure(stages: list[list[str]], microbatches: int = 1, ax=None):
                                    gid=f"microbatch-{j}"))
         ax.text(0.6, y + size * 0.45, str(j), ha="center", va="center", fontsize=8, color=TEXT,
                 gid=f"microbatch-{j}-label")
-    ax.text(0.6, top + 0.12, f"batch,\nm = {microbatches}", ha="center", va="bottom", fontsize=8, color=TEXT)
+    ax.text(0.6, top + 0.12, f"m = {microbatches}\nmicrobatches", ha="center", va="bottom", fontsize=8, color=TEXT)
     ax.annotate("", (x0 - 0.05, mid), (0.9, mid), arrowprops=dict(arrowstyle="-|>", color="#555555"))
     for r, parts in enumerate(stages):
         _device_box(ax, x0 + r * (w + gap), 0, w, h, r, parts)
