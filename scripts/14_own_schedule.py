@@ -137,6 +137,49 @@ def plan_interleaved(rank: int, p: int, m: int, v: int) -> tuple[int, list, list
     return warmup, forwards, backwards
 
 
+def lockstep(plans, num_stages: int) -> list[list]:
+    """Every rank's plan (``plans[r]``, as :func:`plan_1f1b` returns) on
+    one clock: at each tick a rank runs its next action if what it
+    needs arrived at an earlier tick (else it waits: ``None``), and
+    what an action sends travels in that tick. Returns per rank, per
+    tick, ("F", k), ("B", k) or None. A message's sender and receiver
+    post it in the same tick, so their batches pair one to one: on
+    NCCL, where a rank's batches run one after the other and a large
+    send ends only once its receive runs, none waits on a later one."""
+    acts = []
+    for warmup, forwards, backwards in plans:  # hand_step's order
+        seq = [("F", k) for k in range(warmup)]
+        for k in range(len(forwards) - warmup):
+            seq += [("F", warmup + k), ("B", k)]
+        rest = range(len(forwards) - warmup, len(backwards))
+        acts.append(seq + [("B", k) for k in rest])
+    arrived, pos, ticks = {}, [0] * len(plans), [[] for _ in plans]
+    while any(pos[r] < len(acts[r]) for r in range(len(plans))):
+        t, sent = len(ticks[0]), []
+        for r, seq in enumerate(acts):
+            if pos[r] == len(seq):
+                ticks[r].append(None)
+                continue
+            kind, k = seq[pos[r]]
+            s, i = plans[r][1 if kind == "F" else 2][k]
+            needs = (("x", s, i) if kind == "F" and s > 0 else ("dy", s, i)
+                     if kind == "B" and s < num_stages - 1 else None)
+            if needs is not None and arrived.get(needs, t) >= t:
+                ticks[r].append(None)  # its input is not here yet
+                continue
+            ticks[r].append((kind, k))
+            pos[r] += 1
+            if kind == "F" and s < num_stages - 1:
+                sent.append(("x", s + 1, i))  # an activation for stage s + 1
+            if kind == "B" and s > 0:
+                sent.append(("dy", s - 1, i))  # a gradient for stage s - 1
+        if all(tk[-1] is None for tk in ticks) and pos != [len(a) for a in acts]:
+            raise ValueError("these plans wait on each other: no rank can "
+                             "run its next action")
+        arrived.update((key, t) for key in sent)
+    return ticks
+
+
 # [start-exchange]
 def exchange(sends, recvs, sent, paired=True):
     """Post ``sends`` and ``recvs``, lists of (tensor, peer rank), and
@@ -186,33 +229,23 @@ def exchange_before_fix(sends, recvs, sent, paired=True):
 
 
 # [start-hand]
-def hand_step(mods, plan, tokens, targets, info, rec, paired=True):
-    """One step of 1F1B by hand (of interleaved 1F1B when this rank
-    holds several stages): ``plan`` is this rank's warm-up count and
-    the (stage, microbatch) of each of its forwards and backwards."""
-    warmup, forwards, backwards = plan
-    p, m = info.world_size, len(forwards) // len(mods)
+def hand_step(mods, plans, tokens, targets, info, rec, paired=True):
+    """One step of 1F1B by hand (of interleaved 1F1B when a rank holds
+    several stages): ``plans`` holds every rank's plan (warm-up count,
+    the (stage, microbatch) of each forward and backward). The ranks
+    run them on one clock (:func:`lockstep`): a message is posted by
+    its sender and its receiver in the same tick's batch."""
+    me, p = info.rank, info.world_size
+    _, forwards, backwards = plans[me]
+    m = len(forwards) // len(mods)
     num_stages = p * len(mods)  # stage s sits on rank s mod p
     mb_tokens, mb_targets = tokens.chunk(m), targets.chunk(m)  # m x (B/m, T)
     x, y, dy, losses = {}, {}, {}, {}  # by (stage, microbatch)
     sent = []  # handles of the sends in flight
     some = next(iter(mods.values()))
     dtype = next(some.parameters()).dtype
-
-    def recv_input(k):  # what forward k needs from the rank of stage s - 1
-        if k >= len(forwards) or forwards[k][0] == 0:
-            return []
-        s, i = forwards[k]
-        shape = (*mb_tokens[i].shape, some.cfg.dim)  # (B/m, T, C)
-        x[s, i] = torch.empty(shape, dtype=dtype, device=info.device)
-        return [(x[s, i], (s - 1) % p)]
-
-    def recv_grad(k):  # what backward k needs from the rank of stage s + 1
-        s, i = backwards[k]
-        if s == num_stages - 1:
-            return []  # the last stage starts from its own loss
-        dy[s, i] = torch.empty_like(y[s, i])
-        return [(dy[s, i], (s + 1) % p)]
+    ticks = lockstep(plans, num_stages)
+    forwards_of, backwards_of = [pl[1] for pl in plans], [pl[2] for pl in plans]
 
     def forward(k):  # returns what to send on
         s, i = forwards[k]
@@ -230,24 +263,31 @@ def hand_step(mods, plan, tokens, targets, info, rec, paired=True):
             losses[i].backward() if s == num_stages - 1 else y[s, i].backward(dy[s, i])
         return [] if s == 0 else [(x[s, i].grad, (s - 1) % p)]
 
-    # === warm-up forwards ===
-    exchange([], recv_input(0), sent, paired)  # comm: first input
-    for k in range(warmup):
-        sends = forward(k)
-        # comm: send it on, receive the next input
-        exchange(sends, recv_input(k + 1), sent, paired)
-    # === steady 1F1B: one forward, one backward ===
-    for k in range(len(forwards) - warmup):
-        sends = forward(warmup + k)
-        # comm: send it on, receive a gradient
-        exchange(sends, recv_grad(k), sent, paired)
-        sends = backward(k)
-        # comm: send the input gradient back, receive the next input
-        exchange(sends, recv_input(warmup + k + 1), sent, paired)
-    # === cool-down backwards ===
-    for k in range(len(forwards) - warmup, len(backwards)):
-        exchange([], recv_grad(k), sent, paired)  # comm: a gradient
-        exchange(backward(k), [], sent, paired)  # comm: send back
+    def incoming(t):  # what the neighbours send this rank at tick t
+        recvs = []
+        for peer in sorted({(me - 1) % p, (me + 1) % p} - {me}):
+            act = ticks[peer][t]
+            if act is None:
+                continue
+            plan = forwards_of if act[0] == "F" else backwards_of
+            s, i = plan[peer][act[1]]
+            if act[0] == "F" and s + 1 < num_stages and (s + 1) % p == me:
+                shape = (*mb_tokens[i].shape, some.cfg.dim)  # (B/m, T, C)
+                x[s + 1, i] = torch.empty(shape, dtype=dtype, device=info.device)
+                recvs.append((x[s + 1, i], peer))
+            if act[0] == "B" and s > 0 and (s - 1) % p == me:
+                dy[s - 1, i] = torch.empty_like(y[s - 1, i])
+                recvs.append((dy[s - 1, i], peer))
+        return recvs
+
+    # === one clock for all ranks: one action, then the exchange of what it sent ===
+    for t, act in enumerate(ticks[me]):
+        sends = ([] if act is None else forward(act[1]) if act[0] == "F"
+                 else backward(act[1]))
+        recvs = incoming(t)
+        if sends or recvs:
+            # comm: this tick's messages, in one batch on both sides
+            exchange(sends, recvs, sent, paired)
     for work in sent:
         work.wait()  # comm: every send delivered
     for mod in mods.values():
@@ -317,15 +357,16 @@ def make_step(name, full, args, info, probes, tokens, targets, paired=True) -> t
     holds = {"holds_first": 0 in indices, "holds_last": num_stages - 1 in indices}
     rec = probes[0]
     if schedule is None:
-        plan = (plan_1f1b(info.rank, info.world_size, args.microbatches) if name == "1F1B-hand" else
-                plan_interleaved(info.rank, info.world_size, args.microbatches, args.stages_per_rank))
+        plans = [plan_1f1b(r, info.world_size, args.microbatches) if name == "1F1B-hand" else
+                 plan_interleaved(r, info.world_size, args.microbatches, args.stages_per_rank)
+                 for r in range(info.world_size)]
     losses = []
 
     def step():
         for mod in mods.values():
             mod.zero_grad(set_to_none=True)
         if schedule is None:
-            losses.append(hand_step(mods, plan, tokens, targets, info, rec, paired))
+            losses.append(hand_step(mods, plans, tokens, targets, info, rec, paired))
         else:
             losses.append(driver.schedule_step(schedule, info, tokens, targets, **holds))
 

@@ -155,6 +155,87 @@ def test_hand_written_plans_need_no_message_tags(p):
     assert custom_schedules.mismatched_messages(backwards_swapped) == [(1, 0)]
 
 
+def _batches_as_records(batches_of):
+    """``batches_of[r]``: rank r's batches in order, each a list of ("send" | "recv", peer): the
+    records ``nccl_rules.order_problem`` reads, messages numbered per (sender, receiver)."""
+    records, count = {}, {}
+    for r, batches in batches_of.items():
+        records[r] = []
+        for b, batch in enumerate(batches):
+            events = []
+            for kind, peer in batch:
+                pair = (r, peer) if kind == "send" else (peer, r)
+                count[kind, pair] = count.get((kind, pair), 0) + 1
+                events.append(["p2p", "0", *pair, count[kind, pair]])
+            records[r].append({"what": f"batch #{b + 1} {batch}", "events": events})
+    return records
+
+
+def _hand_batches(script, plans, num_stages, lockstep=True):
+    """The batches ``hand_step`` posts with these plans: on one clock (lockstep), or, before its
+    fix (regression), phase by phase, each send with the receive that follows it on its rank."""
+    p = len(plans)
+    out = lambda kind, s: (s + 1) % p if kind == "F" and s < num_stages - 1 else (  # noqa: E731
+        (s - 1) % p if kind == "B" and s > 0 else None)
+    if lockstep:
+        ticks = script.lockstep(plans, num_stages)
+        batches = {r: [] for r in range(p)}
+        for t in range(len(ticks[0])):
+            for r in range(p):
+                batch = []
+                act = ticks[r][t]
+                if act is not None:
+                    s, _ = plans[r][1 if act[0] == "F" else 2][act[1]]
+                    if out(act[0], s) is not None:
+                        batch.append(("send", out(act[0], s)))
+                for q in range(p):
+                    a = ticks[q][t]
+                    if q != r and a is not None:
+                        s, _ = plans[q][1 if a[0] == "F" else 2][a[1]]
+                        if out(a[0], s) == r:
+                            batch.append(("recv", q))
+                if batch:
+                    batches[r].append(batch)
+        return batches
+    batches = {}
+    for r, (warmup, fwd, bwd) in enumerate(plans):
+        recv_in = lambda k: [("recv", (fwd[k][0] - 1) % p)] if k < len(fwd) and fwd[k][0] > 0 else []  # noqa: E731
+        recv_g = lambda k: [("recv", (bwd[k][0] + 1) % p)] if bwd[k][0] < num_stages - 1 else []  # noqa: E731
+        send = lambda kind, sk: [("send", out(kind, sk[0]))] if out(kind, sk[0]) is not None else []  # noqa: E731
+        seq = [recv_in(0)]
+        seq += [send("F", fwd[k]) + recv_in(k + 1) for k in range(warmup)]
+        for k in range(len(fwd) - warmup):
+            seq += [send("F", fwd[warmup + k]) + recv_g(k), send("B", bwd[k]) + recv_in(warmup + k + 1)]
+        for k in range(len(fwd) - warmup, len(bwd)):
+            seq += [recv_g(k), send("B", bwd[k])]
+        batches[r] = [b for b in seq if b]
+    return batches
+
+
+def test_hand_step_posts_each_message_in_one_tick_on_both_sides():
+    """Regression (issue 39): on NCCL a rank's batches run one after the other on its group's
+    communicator, and a large send ends only once its receive runs. hand_step used to post each
+    send with the receive that follows it on its own rank; with interleaving, rank 0 then posts
+    a send alone that rank 1 receives in a batch whose own send rank 0 receives only later: the
+    two wait on each other (order_problem with p2p=True names it). On one clock (lockstep) every
+    message is in the same tick's batch on both sides, for every shape tried."""
+    from ppbook import nccl_rules
+
+    script = launch.load_script("14_own_schedule.py")
+    old = _hand_batches(script, [script.plan_interleaved(r, 2, 4, 2) for r in range(2)], 4, lockstep=False)
+    problem = nccl_rules.order_problem(_batches_as_records(old), p2p=True)
+    assert problem and "wait on each other" in problem and "large send" in problem, problem
+    for p in (2, 3, 4):
+        for m in (p, 2 * p):
+            shapes = [([script.plan_1f1b(r, p, m) for r in range(p)], p)]
+            shapes += [([script.plan_interleaved(r, p, m, v) for r in range(p)], p * v) for v in (2, 3)
+                       if schedule_problem("Interleaved1F1B", p, m, v) is None]
+            for plans, num_stages in shapes:
+                records = _batches_as_records(_hand_batches(script, plans, num_stages))
+                assert nccl_rules.order_problem(records, p2p=True) is None, (p, m, num_stages)
+                assert len(records[0]) > 0
+
+
 @pytest.mark.parametrize("p", [2, 3, 4, 8])
 def test_scripts_plans_are_torchs_orders(p):
     script = launch.load_script("14_own_schedule.py")

@@ -26,8 +26,10 @@ assumes:
 
 Every check depends on what the program does, not on how its threads happen to interleave: a
 violation fails every run. Set ``PPBOOK_NCCL_RULES=0`` (or leave it unset) for gloo as it is.
-Not covered: collectives issued from C++ (DDP's reducer, functional collectives), and a semaphore
-used as a lock (it orders two threads in whichever order they arrive).
+Not covered: collectives issued from C++ (DDP's reducer, functional collectives), a semaphore
+used as a lock (it orders two threads in whichever order they arrive), and whether point-to-point
+batches can wait on each other on NCCL (see :func:`order_problem`'s ``p2p``, which checks a
+record of batches offline).
 """
 
 from __future__ import annotations
@@ -566,20 +568,25 @@ def check_order() -> None:
         _fail(problem, speaker=rank == 0)
 
 
-def order_problem(records: dict[int, list[dict]]) -> str | None:
+def order_problem(records: dict[int, list[dict]], p2p: bool = False) -> str | None:
     """Whether the ranks' operations (``records``: per rank, its operations in issue order, each
     ``{"what", "events"}``) can wait on each other on NCCL. There a rank runs its operations one
     after the other, and an operation completes only once every peer that shares one of its
     events (a message, or the k-th collective on a group) has started its own part. So operation
     i of a rank starts after operation i - 1 completed, which needs the peers' parts of i - 1 to
     have started: a cycle of such needs is ranks waiting on each other forever (two collectives
-    on two groups issued in opposite orders, the simplest). Only collectives are compared.
-    Returns one line naming the operations and their ranks, or ``None``."""
-    # collectives only: NCCL's order rule is about communicators, and whether a send waits for its
-    # receive depends on its size and the transport (small ones do not), so point-to-point
-    # orders would flag torch's own schedules, which run on NCCL
-    records = {rank: [op for op in ops if any(ev[0] == "coll" for ev in op["events"])]
-               for rank, ops in records.items()}
+    on two groups issued in opposite orders, the simplest). Only collectives are compared, unless
+    ``p2p``: then point-to-point operations too, each send taken to end only once its receive
+    runs (a large message on NCCL) and all of a rank's operations to run one after the other (a
+    rank's ``batch_isend_irecv`` batches do, on its group's communicator). The mode at run time
+    compares collectives only: torch's own schedules mix batches with lone ``isend``/``irecv``
+    and object sends, which NCCL puts on other communicators, and this model, which cannot tell
+    them apart from a gloo run, would flag them. ``p2p=True`` holds code that posts all its
+    messages in batches (chapter 14's ``hand_step``; its test). Returns one line naming the
+    operations and their ranks, or ``None``."""
+    if not p2p:  # collectives only (see above)
+        records = {rank: [op for op in ops if any(ev[0] == "coll" for ev in op["events"])]
+                   for rank, ops in records.items()}
     holders = {}  # event -> the operations (rank, i) that take part in it
     for rank, ops in records.items():
         for i, op in enumerate(ops):
@@ -603,8 +610,9 @@ def order_problem(records: dict[int, list[dict]]) -> str | None:
                 said.append(line)
     ranks = sorted({r for r, _ in cycle})
     return (f"ranks {', '.join(map(str, ranks))} issued operations in orders that wait on each other on NCCL "
-            f"(a collective completes only once every member has started it): {'; '.join(said[:3])}; NCCL "
-            f"needs operations on different communicators issued in one order on every rank")
+            f"(a collective completes only once every member has started it{', a large send once its receive runs' if p2p else ''}): "
+            f"{'; '.join(said[:3])}; NCCL needs operations on different communicators issued in one order on every "
+            f"rank{', and each message posted where its receiver does not first wait on the sender' if p2p else ''}")
 
 
 def _find_cycle(edges: dict) -> list | None:
