@@ -8,6 +8,8 @@ CPU, two stages (gloo):
     torchrun --standalone --nproc-per-node 2 scripts/01_minimal.py
 GPUs, two stages, one GPU per process (NCCL):
     torchrun --standalone --nproc-per-node 2 scripts/01_minimal.py --device cuda
+GPUs, one machine of eight, eight stages (each stage needs a layer of its own):
+    torchrun --standalone --nproc-per-node 8 scripts/01_minimal.py --device cuda --layers 8
 
 Each process torchrun starts finds its RANK, WORLD_SIZE and LOCAL_RANK in its environment; it
 reads them, joins the process group, keeps its stage of the model and trains it. Started with
@@ -66,9 +68,9 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
         procs = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         if gpus < procs:
-            raise ValueError(f"--device cuda: found {gpus} GPU(s) for {procs} processes on this node (one GPU "
-                             f"each, NCCL refuses two processes on one GPU); lower --nproc-per-node or drop "
-                             f"--device cuda")
+            fix = "drop --device cuda" if gpus == 0 else f"use --nproc-per-node {gpus} or fewer"
+            raise ValueError(f"--device cuda: found {gpus} GPU(s) for {procs} process(es) on this machine (one "
+                             f"GPU each: NCCL refuses two processes on one GPU); {fix}")
     if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
         raise ValueError(f"--json {args.json}: its folder does not exist; create it or pick another path")
 
