@@ -359,8 +359,8 @@ def figure_legend(fig) -> None:
     # the top panel, the rightmost of those on top (a grid of panels): its legend lies outside it
     title = None
     if any(a._ppbook_labelled for a in drawn):
-        title = "in a block: the microbatch\n(F3: its forward" + (
-            ";\n5F3, or 3 over s5: on stage 5)" if any(a._ppbook_chunked for a in drawn) else ")")
+        title = "a block's label: pass and microbatch\n(F3 = forward of microbatch 3" + (
+            ";\n5F3, or 3 over s5 = on stage 5)" if any(a._ppbook_chunked for a in drawn) else ")")
     top = max(drawn, key=lambda a: (round(a.get_position().y1, 3), a.get_position().x1))
     top._ppbook_legend = top.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7,
                                     frameon=False, title=title, title_fontsize=7, alignment="left")
