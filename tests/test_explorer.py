@@ -192,6 +192,8 @@ def plan_requests() -> list[search.Request]:
                                   stage_io=("torch", "freed")[k % 4 == 2],
                                   # pinned stages per rank (beyond max_v) and data-parallel sizes
                                   vs=(2, 5) if k % 8 == 6 else (), dps=(2, 4, 8) if k % 10 == 4 else (),
+                                  # context parallelism searched, and a cp no sequence length here splits for
+                                  cps=(1, 2) if k % 7 == 1 else (3,) if k == 23 else (),
                                   overlap_f_b=k % 5 == 2 or model.name == "moe-16b"))
     return out
 
@@ -320,6 +322,7 @@ def test_three_hundred_layouts_are_the_pythons(js):
                 assert close(start, e.start) and close(end, e.end), (k, layout.label())
     assert schedules_seen == set(S.TORCH_SCHEDULES) | {search.NO_PIPELINE}
     assert any(c.ep > 1 and c.schedule == "DualPipeV" for _, c in chosen) and any(c.ep > 1 for _, c in chosen)
+    assert any(c.cp > 1 for _, c in chosen)
 
 
 # --- the page -------------------------------------------------------------------------------------------------

@@ -721,3 +721,36 @@ def test_a_runtime_that_frees_its_stage_io_keeps_no_split_backward_residual():
     transient = search._transient(freed, layout.b, layout.recompute, layout.tp)
     assert freed_acts == pytest.approx([k + transient for k in kept])
     assert all(a > f for a, f in zip(torch_acts, freed_acts))
+
+
+# --- context parallelism -------------------------------------------------------------------------------------
+
+def test_context_parallelism_divides_activations_and_keeps_the_parameters():
+    """cp GPUs each hold 1/cp of every sequence: the activations a stage keeps per microbatch and the
+    logits divide by cp; the parameters are replicated over cp, and the state sharded over dp x cp."""
+    req = search.Request(shapes.PRESETS["llama3-70b"], hardware.GPUS["h100-sxm"], 64, 8, 64, 8192,
+                         hardware.LINKS["nvlink-h100"], hardware.LINKS["ib-ndr400"], cps=(1, 2))
+    one = search.Layout(8, 4, 2, "1F1B", 1, 1, 32, "zero1", "none")
+    two = replace(one, dp=1, cp=2)
+    t1 = search._tables(req, one.num_stages, "even", 1, "none", 8, 1)
+    t2 = search._tables(req, two.num_stages, "even", 1, "none", 8, 2)
+    assert all(math.isclose(a / 2, b) for a, b in zip(t1.per_mb, t2.per_mb)) and t1.params == t2.params
+    m1, m2 = search.rank_memory(one, req), search.rank_memory(two, req)
+    assert all(math.isclose(a.logits / 2, b.logits) for a, b in zip(m1, m2))
+    assert all(math.isclose(a.parameters, b.parameters) and math.isclose(a.optimizer, b.optimizer)
+               for a, b in zip(m1, m2))  # zero1 over dp x cp = 2 either way
+    # the world is tp x cp x pp x dp, and each layer adds the gathering of keys and values
+    assert all(c.tp * c.cp * c.p * c.dp == req.gpus for c in search.candidates(req))
+    assert search.context_parallel_seconds(req, 1, 8, 2, "none")[0] > 0 == search.context_parallel_seconds(req, 1, 8, 1, "none")[0]
+
+
+def test_nvidias_405b_request_is_planned_with_context_parallelism(capsys):
+    """Llama 3.1 405B on 512 H100s with a global batch of 252 sequences of 8192 tokens (NVIDIA's recipe
+    runs context parallelism 2): no data-parallel size of tp 8 and pp 8 divides the batch, and the
+    refusal points to --cp; with --cp 2 the request is planned and every layout prints its cp."""
+    base = ["--model", "llama3-405b", "--gpus", "512", "--global-batch", "252", "--seq-len", "8192", "--tp", "8",
+            "--pp", "8", "--schedules", "1F1B", "Interleaved1F1B", "--v", "2", "--microbatch-sizes", "1"]
+    status, out = in_process(base, capsys)
+    assert status == 2 and "--cp 2" in out
+    status, out = in_process(base + ["--cp", "2"], capsys)
+    assert status == 0 and "tp=8 cp=2" in out, out

@@ -105,13 +105,16 @@
       field("pin v", h("input", {type: "text", id: "ppx-pin-v", class: "ppx-pin", placeholder: "any",
                                  title: "stages per rank to try, as --v: e.g. 5 12 (the looped schedules take each)"})),
       field("pin dp", h("input", {type: "text", id: "ppx-pin-dp", class: "ppx-pin", placeholder: "any",
-                                  title: "data-parallel sizes to try, as --dp: e.g. 4 8"}))]),
+                                  title: "data-parallel sizes to try, as --dp: e.g. 4 8"})),
+      field("context parallel", h("input", {type: "text", id: "ppx-pin-cp", class: "ppx-pin", placeholder: "1",
+                                            title: "context-parallel sizes to try, as --cp: e.g. 1 2 (each sequence " +
+                                                   "split over cp GPUs; none unless given)"}))]),
     h("p", {id: "ppx-error", class: "ppx-error", role: "alert"}),
     h("p", {id: "ppx-header", class: "ppx-note"}),
     h("div", {class: "ppx-table-wrap"}, [h("table", {id: "ppx-table", class: "ppx-table"})]),
     h("p", {id: "ppx-summary", class: "ppx-note"}),
     h("fieldset", {id: "ppx-layout"}, [h("legend", {text: "The selected layout (change any part)"}),
-      field("tp", dropdown("ppx-tp")), field("p", dropdown("ppx-p")), field("schedule", dropdown("ppx-schedule")),
+      field("tp", dropdown("ppx-tp")), field("cp", dropdown("ppx-cp")), field("p", dropdown("ppx-p")), field("schedule", dropdown("ppx-schedule")),
       field("v", dropdown("ppx-v")), field("m", dropdown("ppx-m")), field("ep", dropdown("ppx-ep")),
       field("sharding", dropdown("ppx-sharding")),
       field("recompute", dropdown("ppx-recompute")), field("balance", dropdown("ppx-balance")),
@@ -193,7 +196,8 @@
       gpus_per_node: positive("ppx-gpus-per-node", "GPUs per node", true),
       global_batch: positive("ppx-global-batch", "global batch", true), seq_len: positive("ppx-seq-len", "sequence length", true),
       intra: link("intra"), inter: link("inter"), recipe: recipeSelect.value, kernels: kernelsSelect.value,
-      vs: P.pins($("ppx-pin-v").value, "--v"), dps: P.pins($("ppx-pin-dp").value, "--dp")};
+      vs: P.pins($("ppx-pin-v").value, "--v"), dps: P.pins($("ppx-pin-dp").value, "--dp"),
+      cps: P.pins($("ppx-pin-cp").value, "--cp")};
     if (req.gpus > req.gpus_per_node && req.gpus % req.gpus_per_node)
       throw new Error(req.gpus + " GPUs is not a whole number of nodes of " + req.gpus_per_node +
                       "; use a multiple of " + req.gpus_per_node + " (or change GPUs per node)");
@@ -272,16 +276,17 @@
 
   function table(rows) {
     const experts = rows.slice(0, TOP).some((o) => (o.layout.ep || 1) > 1);  // an ep column where it is used
+    const context = rows.slice(0, TOP).some((o) => (o.layout.cp || 1) > 1);  // a cp column where it is used
     // narrow enough for the theme's content column: long headers on two lines, soft hyphens where
     // more is needed, and a long schedule's name may break between its words; numbers never do
-    const head = ["", "tp", "pp", "v", "dp"].concat(experts ? ["ep"] : []).concat(["shard\u00ading", "sched\u00adule", "b",
+    const head = ["", "tp"].concat(context ? ["cp"] : []).concat(["pp", "v", "dp"]).concat(experts ? ["ep"] : []).concat(["shard\u00ading", "sched\u00adule", "b",
       "m", "re\u00adcompute", "step", "tokens/s\nper GPU", "MFU", "bubble", "GB\nper GPU"]);
     const t = $("ppx-table");
     t.replaceChildren(h("thead", {}, [h("tr", {}, head.map((x) => h("th", {text: x})))]));
     const body = h("tbody"), b = band(planner.req);
     rows.slice(0, TOP).forEach((o, i) => {
       const L = o.layout;
-      const cells = [i + 1, L.tp, L.p, L.v, L.dp].concat(experts ? [L.ep] : []).concat([L.sharding, L.schedule, L.b, L.m,
+      const cells = [i + 1, L.tp].concat(context ? [L.cp] : []).concat([L.p, L.v, L.dp]).concat(experts ? [L.ep] : []).concat([L.sharding, L.schedule, L.b, L.m,
         L.recompute, seconds(o.step_s * b.factor),
         Math.round(o.tokens_per_s_per_gpu / b.factor), Math.round(100 * o.mfu / b.factor) + "%", pct(o.bubble),
         gb(o.peak_bytes)]);
@@ -313,7 +318,10 @@
     $("ppx-layout").hidden = false;
     const req = planner.req, L = current;
     options($("ppx-tp"), planner.tensorParallelSizes(), null, L.tp);
-    const ranks = req.gpus / L.tp;
+    const cps = [...new Set(planner.contextParallelSizes(L.tp).concat([L.cp || 1]))].sort((a, b) => a - b);
+    options($("ppx-cp"), cps, null, L.cp || 1);
+    $("ppx-cp").disabled = cps.length < 2;
+    const ranks = req.gpus / (L.tp * (L.cp || 1));
     options($("ppx-p"), divisors(ranks).filter((p) => p <= Math.min(req.model.layers, req.max_p)), null, L.p);
     const names = L.p === 1 ? [P.NO_PIPELINE] : data.choices.schedules;
     options($("ppx-schedule"), names, names.map((n) => n === P.NO_PIPELINE ? "no pipeline" : n), L.schedule);
@@ -338,7 +346,9 @@
   function fromControls(changed) {
     const req = planner.req, old = current;
     const tp = Number($("ppx-tp").value);
-    const ranks = req.gpus / tp;
+    let cp = Number($("ppx-cp").value) || 1;
+    if (req.gpus % (tp * cp)) cp = 1;  // tp changed: no context parallelism that does not divide
+    const ranks = req.gpus / (tp * cp);
     let p = Number($("ppx-p").value);
     if (ranks % p || p > Math.min(req.model.layers, req.max_p)) {  // tp changed: the nearest p that divides
       const ps = divisors(ranks).filter((x) => x <= Math.min(req.model.layers, req.max_p));
@@ -363,10 +373,10 @@
     const eps = planner.expertParallelSizes(dp), wanted = Number($("ppx-ep").value) || 1;
     const ep = eps.includes(wanted) ? wanted : eps.filter((e) => e <= wanted).pop() || 1;  // dp moved: the nearest below
     return P.layout(tp, p, dp, schedule, v, b, m, dp > 1 ? $("ppx-sharding").value : "none", $("ppx-recompute").value,
-                    p > 1 ? $("ppx-balance").value : "even", ep);
+                    p > 1 ? $("ppx-balance").value : "even", ep, cp);
   }
 
-  for (const name of ["tp", "p", "schedule", "v", "m", "ep", "sharding", "recompute", "balance"])
+  for (const name of ["tp", "cp", "p", "schedule", "v", "m", "ep", "sharding", "recompute", "balance"])
     $("ppx-" + name).addEventListener("change", () => choose(fromControls(name)));
 
   // --- drawing the selected layout -----------------------------------------------------------------
@@ -558,7 +568,7 @@
   interSelect.addEventListener("change", () => { fillLink("inter"); plan(); });
   for (const id of ["ppx-gpu-memory", "ppx-gpu-tflops", "ppx-gpu-bandwidth", "ppx-intra-bandwidth", "ppx-intra-latency",
                     "ppx-inter-bandwidth", "ppx-inter-latency", "ppx-gpus", "ppx-gpus-per-node", "ppx-global-batch", "ppx-seq-len",
-                    "ppx-pin-v", "ppx-pin-dp"])
+                    "ppx-pin-v", "ppx-pin-dp", "ppx-pin-cp"])
     $(id).addEventListener("input", () => later(plan));
   $("ppx-export-kind").addEventListener("change", showExport);
   recipeSelect.addEventListener("change", plan);

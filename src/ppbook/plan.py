@@ -119,6 +119,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="pin the stages per rank: the looped schedules try only these (beyond --max-v), the "
                         "V-shaped ones need 2 among them, the others 1")
     g.add_argument("--dp", type=int, nargs="+", default=None, help="pin the data-parallel sizes tried")
+    g.add_argument("--cp", type=int, nargs="+", default=None,
+                   help="context-parallel sizes to try: each sequence split over cp GPUs, world = tp x cp x pp x dp "
+                        "(default: 1, none; searched only where given)")
     g.add_argument("--microbatch-sizes", type=int, nargs="+", default=None)
     g.add_argument("--max-microbatch-size", type=int, default=8)
     g.add_argument("--schedules", nargs="+", default=list(schedules.TORCH_SCHEDULES))
@@ -198,7 +201,7 @@ def request_from(args: argparse.Namespace) -> search.Request:
         if bad:
             raise ValueError(f"{flag}: unknown {', '.join(map(repr, bad))}; use some of {', '.join(allowed)}")
     for flag, values in (("--tp", args.tp or []), ("--pp", args.pp or []), ("--ep", args.ep or []),
-                         ("--v", args.v or []), ("--dp", args.dp or []),
+                         ("--v", args.v or []), ("--dp", args.dp or []), ("--cp", args.cp or []),
                          ("--microbatch-sizes", args.microbatch_sizes or [])):
         for x in values:
             _finite(flag, x, 1, inclusive=True)
@@ -207,7 +210,7 @@ def request_from(args: argparse.Namespace) -> search.Request:
                          sequence_parallel=not args.no_sequence_parallel, headroom=args.headroom,
                          tps=tuple(args.tp or ()), pps=tuple(args.pp or ()), eps=tuple(args.ep or ()),
                          max_p=max(args.max_p, *(args.pp or [1])), max_v=args.max_v,
-                         vs=tuple(args.v or ()), dps=tuple(args.dp or ()),
+                         vs=tuple(args.v or ()), dps=tuple(args.dp or ()), cps=tuple(args.cp or ()),
                          max_microbatch_size=args.max_microbatch_size, microbatch_sizes=tuple(args.microbatch_sizes or ()),
                          schedules=tuple(args.schedules), shardings=tuple(args.sharding),
                          recomputes=tuple(args.recompute), balances=tuple(args.balance),
@@ -238,7 +241,7 @@ class LayoutProblem(ValueError):
 
 
 def parse_layout(text: str, req: search.Request) -> search.Layout:
-    """A layout from ``key=value`` words (tp, pp, dp, ep, schedule, v, b, m, sharding, recompute,
+    """A layout from ``key=value`` words (tp, cp, pp, dp, ep, schedule, v, b, m, sharding, recompute,
     balance); what is left out is taken from the request (dp and m from the GPUs and the batch)."""
     fields = {}
     for word in text.replace(",", " ").split():
@@ -246,21 +249,23 @@ def parse_layout(text: str, req: search.Request) -> search.Layout:
             raise ValueError(f"--layout: {word!r} is not key=value (e.g. tp=8 pp=4 schedule=1F1B)")
         k, v = word.split("=", 1)
         fields[k.strip()] = v.strip()
-    known = {"tp", "pp", "dp", "ep", "schedule", "v", "b", "m", "sharding", "recompute", "balance"}
+    known = {"tp", "cp", "pp", "dp", "ep", "schedule", "v", "b", "m", "sharding", "recompute", "balance"}
     unknown = set(fields) - known
     if unknown:
         raise ValueError(f"--layout: unknown key {sorted(unknown)[0]!r}; use {', '.join(sorted(known))}")
     try:
-        tp, pp = int(fields.get("tp", 1)), int(fields.get("pp", 1))
+        tp, pp, cp = int(fields.get("tp", 1)), int(fields.get("pp", 1)), int(fields.get("cp", 1))
         b, ep = int(fields.get("b", 1)), int(fields.get("ep", 1))
         v = int(fields["v"]) if "v" in fields else None
     except ValueError as e:
-        raise ValueError(f"--layout: tp, pp, dp, ep, v, b and m are whole numbers ({e})") from None
-    if min(tp, pp, b) < 1 or req.gpus % (tp * pp):
-        raise ValueError(f"--layout: tp {tp} x pp {pp} must divide the {req.gpus} GPUs (and each be at least 1)")
-    dp = int(fields.get("dp", req.gpus // (tp * pp)))
-    if tp * pp * dp != req.gpus:
-        raise ValueError(f"--layout: tp {tp} x pp {pp} x dp {dp} = {tp * pp * dp}, not the {req.gpus} GPUs")
+        raise ValueError(f"--layout: tp, cp, pp, dp, ep, v, b and m are whole numbers ({e})") from None
+    if min(tp, pp, cp, b) < 1 or req.gpus % (tp * cp * pp):
+        raise ValueError(f"--layout: tp {tp} x cp {cp} x pp {pp} must divide the {req.gpus} GPUs (and each be at "
+                         "least 1)")
+    dp = int(fields.get("dp", req.gpus // (tp * cp * pp)))
+    if tp * cp * pp * dp != req.gpus:
+        raise ValueError(f"--layout: tp {tp} x cp {cp} x pp {pp} x dp {dp} = {tp * cp * pp * dp}, not the {req.gpus} "
+                         "GPUs")
     if req.global_batch % (dp * b):
         raise LayoutProblem(f"--layout: the global batch {req.global_batch} does not split into dp {dp} x b {b}; "
                             f"use a b that divides {req.global_batch // math.gcd(req.global_batch, dp)} "
@@ -285,7 +290,7 @@ def parse_layout(text: str, req: search.Request) -> search.Layout:
     if ep > 1 and (not req.model.moe or dp % ep or req.model.experts % ep):
         raise ValueError(f"--layout: ep {ep} must divide dp {dp} and the model's experts "
                          f"({req.model.experts if req.model.moe else 'none: a dense model'})")
-    layout = search.Layout(tp, pp, dp, schedule, v, b, m, sharding, recompute, balance, max(1, ep))
+    layout = search.Layout(tp, pp, dp, schedule, v, b, m, sharding, recompute, balance, max(1, ep), cp)
     problem = search.constraint_problem(layout, req)
     if problem:
         raise LayoutProblem(f"--layout: {problem}")
@@ -381,14 +386,17 @@ def table(ranked: list[search.Prediction], top: int, req: search.Request | None 
     each step time with its band."""
     band = _band(req)
     experts = any(o.layout.ep > 1 for o in ranked[:top])  # an ep column only where expert parallelism is used
-    rows = [f"{'':>3} {'tp':>2} {'pp':>3} {'v':>2} {'dp':>4} " + (f"{'ep':>3} " if experts else "") +
+    context = any(o.layout.cp > 1 for o in ranked[:top])  # a cp column only where context parallelism is used
+    rows = [f"{'':>3} {'tp':>2} " + (f"{'cp':>2} " if context else "") + f"{'pp':>3} {'v':>2} {'dp':>4} " +
+            (f"{'ep':>3} " if experts else "") +
             f"{'sharding':>8} {'schedule':>21} {'balance':>7} {'b':>2} {'m':>5} "
             f"{'recompute':>9} {'step s':>7} {'band s':>11} {'tok/s/GPU':>9} {'MFU':>5} {'bubble':>6} {'GB/GPU':>6}"]
     for i, o in enumerate(ranked[:top], 1):
         c = o.layout
         centre, short, long = band.step(o.step_s)
         tps = band.throughput(o.tokens_per_s_per_gpu)[0]
-        rows.append(f"{i:>3} {c.tp:>2} {c.p:>3} {c.v:>2} {c.dp:>4} " + (f"{c.ep:>3} " if experts else "") +
+        rows.append(f"{i:>3} {c.tp:>2} " + (f"{c.cp:>2} " if context else "") + f"{c.p:>3} {c.v:>2} {c.dp:>4} " +
+                    (f"{c.ep:>3} " if experts else "") +
                     f"{c.sharding:>8} {c.schedule:>21} {c.balance if c.p > 1 else '':>7} {c.b:>2} "
                     f"{c.m:>5} {c.recompute:>9} {_sig(centre, 3):>7} {_sig(short) + '-' + _sig(long):>11} "
                     f"{tps:>9.0f} {100 * o.mfu / band.factor:>4.0f}% {100 * o.bubble:>5.1f}% {o.peak_gb:>6.1f}")
@@ -618,7 +626,11 @@ def runs_on(layout: search.Layout, kind: str, req: search.Request | None = None)
         return f"{kind} has no {layout.sharding} sharding"
     if (kind == "torchtitan" and req is not None and req.overlap_f_b and layout.schedule == "DualPipeV"
             and layout.ep > 1):  # torchtitan/distributed/dual_pipe_v.py (after 0.3.0): get_dual_pipe_v_flag
-        return ("torchtitan 0.3.0 has no DualPipeV overlap of the experts' all-to-all (it registers no OVERLAP_F_B function; the overlap added after it refuses activation checkpointing): plan without --overlap-f-b")
+        return ("torchtitan 0.3.0 has no DualPipeV overlap of the experts' all-to-all (it registers no OVERLAP_F_B "
+                "function; the overlap added after it refuses activation checkpointing): plan without --overlap-f-b")
+    if kind == "torchtitan" and layout.cp > 1 and layout.sharding != "fsdp":
+        return ("torchtitan shards the parameters over the context-parallel GPUs whenever cp > 1 (FSDP over "
+                "dp_shard x cp, ParallelDims.fsdp_enabled): use sharding fsdp")
     if layout.recompute not in fw["recomputes"]:
         return (f"{kind}'s selective recomputation (core attention only, by default) keeps about twice the "
                 "activations of the op-level policy the planner counts")
@@ -682,6 +694,8 @@ def torchtitan_args(pred: search.Prediction, req: search.Request) -> tuple[list[
         args.append("--parallelism.enable_sequence_parallel" if req.sequence_parallel
                     else "--parallelism.no-enable_sequence_parallel")
     args.append(f"--parallelism.pipeline_parallel_degree {c.p}")
+    if c.cp > 1:
+        args.append(f"--parallelism.context_parallel_degree {c.cp}")
     if c.ep > 1:
         args.append(f"--parallelism.expert_parallel_degree {c.ep}")
     if c.p > 1:
@@ -718,6 +732,8 @@ def megatron_args(pred: search.Prediction, req: search.Request) -> tuple[list[st
     args = [f"--tensor-model-parallel-size {c.tp}", f"--pipeline-model-parallel-size {c.p}",
             f"--micro-batch-size {c.b}", f"--global-batch-size {req.global_batch}", f"--seq-length {req.seq_len}",
             "--bf16"]
+    if c.cp > 1:
+        args.append(f"--context-parallel-size {c.cp}")
     if c.ep > 1:
         args.append(f"--expert-model-parallel-size {c.ep}")
     if c.num_stages > c.p:

@@ -754,14 +754,14 @@
   function label(L) {
     var pipe = L.schedule === NO_PIPELINE ? "no pipeline" : L.schedule + " p=" + L.p + (L.v > 1 ? " v=" + L.v : "");
     var ends = L.balance === "ends" && L.p > 1 ? " ends" : "";
-    var ep = (L.ep || 1) > 1 ? " ep=" + L.ep : "";
-    return "tp=" + L.tp + " " + pipe + ends + " dp=" + L.dp + ep + " " + L.sharding + " b=" + L.b + " m=" + L.m +
+    var ep = (L.ep || 1) > 1 ? " ep=" + L.ep : "", cp = (L.cp || 1) > 1 ? " cp=" + L.cp : "";
+    return "tp=" + L.tp + cp + " " + pipe + ends + " dp=" + L.dp + ep + " " + L.sharding + " b=" + L.b + " m=" + L.m +
       " recompute=" + L.recompute;
   }
 
-  function layout(tp, p, dp, schedule, v, b, m, sharding, recompute, balance, ep) {
+  function layout(tp, p, dp, schedule, v, b, m, sharding, recompute, balance, ep, cp) {
     return {tp: tp, p: p, dp: dp, schedule: schedule, v: v, b: b, m: m, sharding: sharding, recompute: recompute,
-      balance: balance || "even", ep: ep || 1};
+      balance: balance || "even", ep: ep || 1, cp: cp || 1};
   }
 
   function usableBytes(req) { return req.gpu.memory_gb * GB * (1 - req.headroom); }
@@ -859,8 +859,8 @@
   Planner.prototype.candidates = function () {
     var self = this, req = this.req, out = [], tps = this.tensorParallelSizes();
     var bs = req.microbatch_sizes.length ? req.microbatch_sizes : [1, 2, 4, 8, 16, 32].filter(function (x) { return x <= req.max_microbatch_size; });
-    tps.forEach(function (tp) {
-      var ranks = req.gpus / tp;
+    tps.forEach(function (tp) { self.contextParallelSizes(tp).forEach(function (cp) {
+      var ranks = req.gpus / (tp * cp);
       for (var p = 1; p <= ranks; p++) {
         if (!pipelineSize(req, ranks, p)) continue;
         var dp = ranks / p;
@@ -876,7 +876,7 @@
                 (dp > 1 ? req.shardings : ["none"]).forEach(function (sharding) {
                   req.recomputes.forEach(function (recompute) {
                     (p > 1 ? req.balances : ["even"]).forEach(function (balance) {
-                      out.push(layout(tp, p, dp, name, v, b, m, sharding, recompute, balance, ep));
+                      out.push(layout(tp, p, dp, name, v, b, m, sharding, recompute, balance, ep, cp));
                     });
                   });
                 });
@@ -885,8 +885,14 @@
           });
         });
       }
-    });
+    }); });
     return out;
+  };
+
+  // port of context_parallel_sizes: 1 unless cps pins some, those whose tp x cp divides the GPUs
+  Planner.prototype.contextParallelSizes = function (tp) {
+    var req = this.req;
+    return (req.cps.length ? req.cps : [1]).filter(function (c) { return req.gpus % (tp * c) === 0; });
   };
 
   // port of memory.kernels_problem
@@ -909,10 +915,16 @@
     if (!tps.length)
       return "no tensor-parallel size divides both the " + req.gpus + " GPUs and the model's " + req.model.heads +
         " heads / " + req.model.kv_heads + " key/value heads / MLP width " + req.model.ffn + "; use another number of GPUs";
+    var self = this;
     tps.forEach(function (tp) {
-      var ranks = Math.floor(req.gpus / tp);
-      for (var p = 1; p <= ranks; p++) if (pipelineSize(req, ranks, p)) dps[ranks / p] = true;
+      self.contextParallelSizes(tp).forEach(function (cp) {
+        var ranks = Math.floor(req.gpus / (tp * cp));
+        for (var p = 1; p <= ranks; p++) if (pipelineSize(req, ranks, p)) dps[ranks / p] = true;
+      });
     });
+    if (!tps.some(function (tp) { return self.contextParallelSizes(tp).length; }))
+      return "no context-parallel size of [" + req.cps.join(", ") + "] times a tensor-parallel size divides the " +
+        req.gpus + " GPUs; use other --cp sizes";
     var list = Object.keys(dps).map(Number).sort(function (a, b) { return a - b; });
     if (!list.length)
       return "no pipeline size of [" + req.pps.join(", ") + "] divides the GPUs per tensor-parallel slot and is at most " +
@@ -921,11 +933,16 @@
     var smallest = list[0];
     return "--global-batch " + req.global_batch + " is not a multiple of any data-parallel size these GPUs allow (" +
       list.join(", ") + "); use a multiple of " + smallest + ", e.g. " + Math.ceil(req.global_batch / smallest) * smallest +
-      " (context parallelism, which splits each sequence over GPUs instead, is not modelled)";
+      ", or split each sequence over GPUs with context parallelism (--cp 2 halves the data-parallel sizes)";
   };
 
   // port of constraint_problem
   Planner.prototype.constraintProblem = function (L) {
+    var cp = L.cp || 1;
+    if (cp > 1 && this.req.seq_len % (2 * cp))
+      return "context parallelism of " + cp + " cuts each sequence into " + 2 * cp + " chunks (two per GPU, " +
+        "balancing causal attention), and " + this.req.seq_len + " tokens do not split so; use a sequence length that " +
+        "is a multiple of " + 2 * cp + ", or another cp";
     if (L.schedule === NO_PIPELINE) return null;
     if (L.recompute === "selective" && this.torchSplitBackward(L))
       return "selective checkpointing cannot run under Schedule" + L.schedule + ": torch 2.13's weight-gradient " +
@@ -1033,22 +1050,35 @@
   // port of _stage_costs: the per-microbatch seconds of each stage's F, I, W and B under layout L
   Planner.prototype.costsOf = function (L) {
     return this.stageCosts(L.tp, numStages(L), L.balance, L.b, L.recompute, L.ep || 1,
-                           OVERLAPS_ALL_TO_ALL.indexOf(L.schedule) >= 0 && !!this.req.overlap_f_b, this.torchSplitBackward(L));
+                           OVERLAPS_ALL_TO_ALL.indexOf(L.schedule) >= 0 && !!this.req.overlap_f_b, this.torchSplitBackward(L),
+                           L.cp || 1);
   };
 
-  Planner.prototype.stageCosts = function (tp, nStagesValue, balance, b, recompute, ep, overlap, split) {
+  // port of context_parallel_seconds: [forward, backward] seconds context parallelism adds to one layer and microbatch
+  Planner.prototype.contextParallelSeconds = function (b, tp, cp, recompute) {
+    var req = this.req;
+    if (cp <= 1) return [0, 0];
+    var w = attentionWidths(req.model), k = w[1], v = w[2];
+    var nbytes = b * req.seq_len * (k + v) / tp * recipe(req.recipe).activation_bytes;
+    var link = tp * cp <= req.gpus_per_node ? req.intra : req.inter;
+    var gather = linkGather(link, nbytes, cp);
+    return [gather, gather * (recompute === "full" ? 2 : 1)];
+  };
+
+  Planner.prototype.stageCosts = function (tp, nStagesValue, balance, b, recompute, ep, overlap, split, cp) {
     var self = this;
-    ep = ep || 1; overlap = !!overlap; split = !!split;
-    return this.cached("stagecosts", [tp, nStagesValue, balance, b, recompute, ep, overlap, split].join("|"), function () {
+    ep = ep || 1; overlap = !!overlap; split = !!split; cp = cp || 1;
+    return this.cached("stagecosts", [tp, nStagesValue, balance, b, recompute, ep, overlap, split, cp].join("|"), function () {
       var req = self.req, s = req.model, layers = self.layersOf(nStagesValue, balance);
       var dense = layerCosts(s, req.gpu, b, req.seq_len, false, req.measured_costs);
       var moe = isMoe(s) ? layerCosts(s, req.gpu, b, req.seq_len, true, req.measured_costs) : dense;
       var head = headCosts(s, req.gpu, b, req.seq_len, req.measured_costs);
       var estimated = !(dense.measured && head.measured);
       var actBytes = recipe(req.recipe).activation_bytes, tpHalf = 0;
-      if (tp > 1) tpHalf = 2 * linkAllreduce(req.intra, boundaryBytes(b, req.seq_len, s.hidden, actBytes), tp);
+      if (tp > 1) tpHalf = 2 * linkAllreduce(req.intra, boundaryBytes(b, req.seq_len, s.hidden, actBytes) / cp, tp);
       var a2a = isMoe(s) && ep > 1 ?
-        2 * self.alltoallSeconds(expertDispatchBytes(b, req.seq_len, s.hidden, s.top_k, actBytes, tp), ep, tp) : 0;
+        2 * self.alltoallSeconds(expertDispatchBytes(b, req.seq_len, s.hidden, s.top_k, actBytes, tp) / cp, ep, tp) : 0;
+      var cpFB = self.contextParallelSeconds(b, tp, cp, recompute), cpF = cpFB[0], cpB = cpFB[1];
       var withA2a = function (compute, isM) {
         if (!isM || !a2a) return compute;
         return overlap ? Math.max(compute, a2a) : compute + a2a;
@@ -1063,12 +1093,12 @@
           var isM = pair[0], count = pair[1];
           if (count) {
             var c = isM ? moe : dense;
-            f += count * withA2a(c.F / tp + tpHalf, isM);
-            i += count * withA2a((c.I + redo[isM][recompute]) / tp + tpHalf, isM);
-            w += count * (c.W + (perGroup && st > 0 ? groups[isM] * c.F : 0)) / tp;
+            f += count * (withA2a(c.F / (tp * cp) + tpHalf, isM) + cpF);
+            i += count * (withA2a((c.I + redo[isM][recompute]) / (tp * cp) + tpHalf, isM) + cpB);
+            w += count * ((c.W + (perGroup && st > 0 ? groups[isM] * c.F : 0)) / (tp * cp));
           }
         });
-        if (st === n - 1) { f = f + head.F / tp; i = i + head.I / tp; w = w + head.W / tp; }
+        if (st === n - 1) { f = f + head.F / (tp * cp); i = i + head.I / (tp * cp); w = w + head.W / (tp * cp); }
         out[st + "F"] = f; out[st + "I"] = i; out[st + "W"] = w; out[st + "B"] = i + w;
       });
       return {costs: out, estimated: estimated};
@@ -1080,24 +1110,25 @@
   };
 
   // port of stage_boundary_bytes
-  Planner.prototype.stageBoundaryBytes = function (b, tp) {
-    var req = this.req, whole = boundaryBytes(b, req.seq_len, req.model.hidden, recipe(req.recipe).activation_bytes);
+  Planner.prototype.stageBoundaryBytes = function (b, tp, cp) {
+    var req = this.req, whole = boundaryBytes(b, req.seq_len, req.model.hidden, recipe(req.recipe).activation_bytes) / (cp || 1);
     return req.sequence_parallel ? whole / tp : whole;
   };
 
-  Planner.prototype.tables = function (nStagesValue, balance, b, recompute, tp) {
+  Planner.prototype.tables = function (nStagesValue, balance, b, recompute, tp, cp) {
     var self = this;
-    return this.cached("tables", [nStagesValue, balance, b, recompute, tp].join("|"), function () {
+    cp = cp || 1;
+    return this.cached("tables", [nStagesValue, balance, b, recompute, tp, cp].join("|"), function () {
       var req = self.req, s = req.model, layers = self.layersOf(nStagesValue, balance);
       var dt = recipe(req.recipe).activation_bytes, tokens = b * req.seq_len, n = layers.length;
       var whole = (req.sequence_parallel || tp === 1) ? 0 :
         replicatedValues(s, req.kernels, recompute) * tokens * dt * (1 - 1 / tp);
-      var boundary = self.stageBoundaryBytes(b, tp);
+      var boundary = self.stageBoundaryBytes(b, tp, cp);
       var t = {per_mb: [], residual: [], params: [], block_params: [], blocks: [], experts: []};
       layers.forEach(function (owned, st) {
-        t.per_mb.push(stageActivationBytes(s, owned, tokens, st === 0, st === n - 1, dt, req.kernels, recompute, req.seq_len) / tp + owned.length * whole
-          + heldIoBytes(boundary, st === 0, st === n - 1, req.stage_io));
-        t.residual.push(owned.length * valuesBytes(blockResidualValues(s), tokens, dt) / tp);
+        t.per_mb.push(stageActivationBytes(s, owned, tokens, st === 0, st === n - 1, dt, req.kernels, recompute, req.seq_len) / (tp * cp) +
+          owned.length * whole / cp + heldIoBytes(boundary, st === 0, st === n - 1, req.stage_io));
+        t.residual.push(owned.length * valuesBytes(blockResidualValues(s), tokens, dt) / (tp * cp));
         t.params.push(stageParameters(s, owned, st === 0, st === n - 1) / tp);
         t.block_params.push(stageParameters(s, owned, false, false) / tp);
         t.blocks.push(owned.length);
@@ -1109,16 +1140,17 @@
     });
   };
 
-  Planner.prototype.rankActivations = function (schedule, p, m, v, b, balance, recompute, tp) {
+  Planner.prototype.rankActivations = function (schedule, p, m, v, b, balance, recompute, tp, cp) {
     var self = this;
-    return this.cached("rankacts", [schedule, p, m, v, b, balance, recompute, tp].join("|"), function () {
+    cp = cp || 1;
+    return this.cached("rankacts", [schedule, p, m, v, b, balance, recompute, tp, cp].join("|"), function () {
       var req = self.req, s = req.model;
       var nS = p * (schedule === NO_PIPELINE ? 1 : stagesPerRank(schedule, v));
-      var t = self.tables(nS, balance, b, recompute, tp);
+      var t = self.tables(nS, balance, b, recompute, tp, cp);
       var dt = recipe(req.recipe).activation_bytes, tokens = b * req.seq_len;
       var split = SPLIT_BACKWARD.indexOf(schedule) >= 0;
-      var logits = logitsBytes(s, tokens, dt) / tp, lossBwd = lossBackwardBytes(s, tokens) / tp;
-      var transient = recomputeTransientBytes(s, tokens, dt, req.kernels, recompute, req.seq_len) / tp;
+      var logits = logitsBytes(s, tokens, dt) / (tp * cp), lossBwd = lossBackwardBytes(s, tokens) / (tp * cp);
+      var transient = self.transient(b, recompute, tp, cp);
       var ms = simulatedMs(layout(tp, p, 1, schedule, v, b, m, "none", recompute, balance));
       var peaks = ms.map(function (mm) { return self.inFlight(schedule, p, mm, v); });
       var out = [];
@@ -1159,9 +1191,10 @@
         for (var k = 0; k < MAX_ACTIVE_STAGES; k++) g[0] += sizes[k];
       }
     }
-    var state = stateBytes(dense, r, L.sharding, L.dp, g[0], g[1]);
+    var dp = L.dp * (L.cp || 1);  // the state is sharded over dp x cp
+    var state = stateBytes(dense, r, L.sharding, dp, g[0], g[1]);
     if (local) {
-      var own = stateBytes(local, r, L.sharding, L.dp / ep);
+      var own = stateBytes(local, r, L.sharding, dp / ep);
       state = {parameters: state.parameters + own.parameters, gradients: state.gradients + own.gradients,
         optimizer: state.optimizer + own.optimizer};
     }
@@ -1190,11 +1223,21 @@
     return extrapolate(points, L.m) / total;
   };
 
+  // port of _transient: one layer's recomputation (its 1/cp share) and the keys and values context parallelism gathers
+  Planner.prototype.transient = function (b, recompute, tp, cp) {
+    var req = this.req, dt = recipe(req.recipe).activation_bytes;
+    var out = recomputeTransientBytes(req.model, b * req.seq_len, dt, req.kernels, recompute, req.seq_len) / (tp * cp);
+    if (cp > 1) {
+      var w = attentionWidths(req.model);
+      out += b * req.seq_len * (w[1] + w[2]) / tp * dt;
+    }
+    return out;
+  };
+
   Planner.prototype.memoryFloor = function (L) {
-    var req = this.req, t = this.tables(numStages(L), L.balance, L.b, L.recompute, L.tp), stages = this.owned(L, 0);
+    var t = this.tables(numStages(L), L.balance, L.b, L.recompute, L.tp, L.cp || 1), stages = this.owned(L, 0);
     var st = this.rankState(L, t, stages);
-    var transient = recomputeTransientBytes(req.model, L.b * req.seq_len, recipe(req.recipe).activation_bytes,
-      req.kernels, L.recompute, req.seq_len) / L.tp;
+    var transient = this.transient(L.b, L.recompute, L.tp, L.cp || 1);
     var minAct = Math.min.apply(null, stages.map(function (s) { return t.per_mb[s]; }));
     return total3(st.state) + Math.min(L.m, L.p) * minAct + transient;
   };
@@ -1202,8 +1245,8 @@
   // port of rank_memory: per pipeline rank {rank, stages, parameters, gradients, optimizer, activations, logits, total}
   Planner.prototype.rankMemory = function (L) {
     var req = this.req, t = this.tables(numStages(L), L.balance, L.b, L.recompute, L.tp);
-    var held = this.rankActivations(L.schedule, L.p, L.m, L.v, L.b, L.balance, L.recompute, L.tp), out = [];
-    var boundary = this.stageBoundaryBytes(L.b, L.tp), n = numStages(L);
+    var held = this.rankActivations(L.schedule, L.p, L.m, L.v, L.b, L.balance, L.recompute, L.tp, L.cp || 1), out = [];
+    var boundary = this.stageBoundaryBytes(L.b, L.tp, L.cp || 1), n = numStages(L);
     for (var rank = 0; rank < L.p; rank++) {
       var stages = this.owned(L, rank), st = this.rankState(L, t, stages).state, buffers = 0;
       stages.forEach(function (s) { buffers += stageBufferBytes(boundary, L.m, s === 0, s === n - 1, req.stage_io); });
@@ -1266,10 +1309,10 @@
   // one simulated step of the pipeline: per rank end, busy, and the span; with events when asked
   Planner.prototype.pipelineRun = function (L, m, costs, withEvents) {
     var req = this.req, c = this.compiled(L.schedule, L.p, m, L.v);
-    var boundary = boundaryBytes(L.b, req.seq_len, req.model.hidden, recipe(req.recipe).activation_bytes) / L.tp;
+    var boundary = boundaryBytes(L.b, req.seq_len, req.model.hidden, recipe(req.recipe).activation_bytes) / L.tp / (L.cp || 1);
     var hopIntra = linkTime(req.intra, boundary), hopInter = linkTime(req.inter, boundary);
     var nodes = [];
-    for (var r = 0; r < L.p; r++) nodes.push(nodeOf(r, L.dp, L.tp, req.gpus_per_node));
+    for (var r = 0; r < L.p; r++) nodes.push(nodeOf(r, L.dp * (L.cp || 1), L.tp, req.gpus_per_node));
     var cost = c.actions.map(function (a) { return costs[a.stage + a.kind]; });
     var hop = c.actions.map(function (a, i) {
       return c.remote[i] ? (nodes[c.ranks[c.dep[i]]] === nodes[c.ranks[i]] ? hopIntra : hopInter) : 0;
@@ -1318,13 +1361,15 @@
     for (r = 0; r < L.p; r++) end.push(extrapolate(ms.map(function (m, k) { return [m, runs[k].ends[r]]; }), L.m, bottleneck));
     var step = 0, exposedWorst = 0, trafficWorst = 0;
     var t = this.tables(numStages(L), L.balance, L.b, L.recompute, L.tp);
+    // gradients are reduced, and state sharded, over the dp x cp GPUs that hold the same parameters
+    var replicas = Object.assign({}, L, {dp: L.dp * (L.cp || 1), cp: 1});
     for (r = 0; r < L.p; r++) {
       var stages = this.owned(L, r), rs = this.rankState(L, t, stages), lastBackward = 0;
       stages.forEach(function (s) { lastBackward += sc.costs[s + "B"]; });
       var firstForward = sc.costs[stages[0] + "F"];
       var gathers = L.sharding === "fsdp" && L.p > 1 ? this.fsdpGathersFactor(L, t, r) : 1;
-      var te = this.dpExposed(L, rs.params, busy[r], lastBackward, firstForward, rs.experts, gathers);
-      var opt = this.optimizerSeconds(rs.params, L, rs.experts);
+      var te = this.dpExposed(replicas, rs.params, busy[r], lastBackward, firstForward, rs.experts, gathers);
+      var opt = this.optimizerSeconds(rs.params, replicas, rs.experts);
       step = Math.max(step, end[r] + te[1] + opt);
       exposedWorst = Math.max(exposedWorst, te[1]); trafficWorst = Math.max(trafficWorst, te[0]);
       pred.optimizer_s = Math.max(pred.optimizer_s, opt);
@@ -1347,7 +1392,8 @@
   };
 
   Planner.prototype.busiest = function (L) {
-    var self = this, key = [L.schedule, L.p, L.v, numStages(L), L.balance, L.b, L.recompute, L.tp, L.ep || 1].join("|");
+    var self = this, key = [L.schedule, L.p, L.v, numStages(L), L.balance, L.b, L.recompute, L.tp, L.ep || 1,
+                            L.cp || 1].join("|");
     return this.cached("busiest", key, function () {
       var sc = self.costsOf(L).costs;
       var split = SPLIT_BACKWARD.indexOf(L.schedule) >= 0, worst = -Infinity;
@@ -1429,6 +1475,9 @@
     if (fw.shardings.indexOf(L.sharding) < 0) return kind + " has no " + L.sharding + " sharding";
     if (kind === "torchtitan" && this.req.overlap_f_b && L.schedule === "DualPipeV" && (L.ep || 1) > 1)
       return "torchtitan 0.3.0 has no DualPipeV overlap of the experts' all-to-all (it registers no OVERLAP_F_B function; the overlap added after it refuses activation checkpointing): plan without --overlap-f-b";
+    if (kind === "torchtitan" && (L.cp || 1) > 1 && L.sharding !== "fsdp")
+      return "torchtitan shards the parameters over the context-parallel GPUs whenever cp > 1 (FSDP over " +
+        "dp_shard x cp, ParallelDims.fsdp_enabled): use sharding fsdp";
     if (fw.recomputes.indexOf(L.recompute) < 0)
       return kind + "'s selective recomputation (core attention only, by default) keeps about twice the " +
         "activations of the op-level policy the planner counts";
@@ -1454,6 +1503,7 @@
     if (L.tp > 1) args.push(req.sequence_parallel ? "--parallelism.enable_sequence_parallel"
                                                   : "--parallelism.no-enable_sequence_parallel");
     args.push("--parallelism.pipeline_parallel_degree " + L.p);
+    if ((L.cp || 1) > 1) args.push("--parallelism.context_parallel_degree " + L.cp);
     if ((L.ep || 1) > 1) args.push("--parallelism.expert_parallel_degree " + L.ep);
     if (L.p > 1) {
       args.push("--parallelism.pipeline_parallel_schedule " + L.schedule,
@@ -1485,6 +1535,7 @@
     var layers = this.layersOf(numStages(L), L.balance).map(function (x) { return x.length; });
     var args = ["--tensor-model-parallel-size " + L.tp, "--pipeline-model-parallel-size " + L.p,
       "--micro-batch-size " + L.b, "--global-batch-size " + req.global_batch, "--seq-length " + req.seq_len, "--bf16"];
+    if ((L.cp || 1) > 1) args.push("--context-parallel-size " + L.cp);
     if ((L.ep || 1) > 1) args.push("--expert-model-parallel-size " + L.ep);
     if (numStages(L) > L.p) args.push("--num-virtual-stages-per-pipeline-rank " + numStages(L) / L.p);
     if (L.balance === "ends" && L.p > 1)

@@ -65,6 +65,7 @@ class Request:
     max_v: int = 4
     vs: tuple[int, ...] = ()            # stages per rank to try, pinned (default: 2 to max_v for the looped schedules)
     dps: tuple[int, ...] = ()           # data-parallel sizes to try, pinned (default: whatever the GPUs leave)
+    cps: tuple[int, ...] = ()           # context-parallel sizes to try (default: 1, none; searched only where given)
     max_microbatch_size: int = 8
     microbatch_sizes: tuple[int, ...] = ()   # to try (default: powers of two up to max_microbatch_size)
     schedules: tuple[str, ...] = schedules.TORCH_SCHEDULES
@@ -101,13 +102,15 @@ class Layout:
     recompute: str  # none, selective, full
     balance: str = "even"
     ep: int = 1     # expert parallelism: each MoE layer's routed experts split among ep of the dp replicas
+    cp: int = 1     # context parallelism: each sequence split over cp GPUs (see context_parallel_seconds)
 
     def label(self) -> str:
         pipe = "no pipeline" if self.schedule == NO_PIPELINE else \
             f"{self.schedule} p={self.p}" + (f" v={self.v}" if self.v > 1 else "")
         ends = " ends" if self.balance == "ends" and self.p > 1 else ""
         ep = f" ep={self.ep}" if self.ep > 1 else ""
-        return (f"tp={self.tp} {pipe}{ends} dp={self.dp}{ep} {self.sharding} b={self.b} m={self.m} "
+        cp = f" cp={self.cp}" if self.cp > 1 else ""
+        return (f"tp={self.tp}{cp} {pipe}{ends} dp={self.dp}{ep} {self.sharding} b={self.b} m={self.m} "
                 f"recompute={self.recompute}")
 
     @property
@@ -249,14 +252,23 @@ def candidates(req: Request) -> list[Layout]:
     """Every combination considered, constraints not yet checked."""
     out = []
     for tp in tensor_parallel_sizes(req):
-        ranks = req.gpus // tp
-        for p in pipeline_sizes(req, ranks):
-            dp = ranks // p
-            if req.dps and dp not in req.dps:
-                continue
-            for ep in expert_parallel_sizes(req, dp):
-                out += _candidates_of(req, tp, p, dp, ep)
+        for cp in context_parallel_sizes(req, tp):
+            ranks = req.gpus // (tp * cp)
+            for p in pipeline_sizes(req, ranks):
+                dp = ranks // p
+                if req.dps and dp not in req.dps:
+                    continue
+                for ep in expert_parallel_sizes(req, dp):
+                    out += _candidates_of(req, tp, p, dp, ep, cp)
     return out
+
+
+def context_parallel_sizes(req: Request, tp: int) -> list[int]:
+    """Context-parallel sizes for tensor-parallel size ``tp``: 1 (none) unless ``cps`` pins some, those
+    whose ``tp x cp`` divides the GPUs. Context parallelism is searched only where asked for: it pays
+    for sequences long enough that a microbatch of one does not fit, or for a batch too small to give
+    every replica a sequence."""
+    return [c for c in (req.cps or (1,)) if req.gpus % (tp * c) == 0]
 
 
 def stages_per_rank_tried(req: Request, kind: str) -> list[int]:
@@ -269,7 +281,7 @@ def stages_per_rank_tried(req: Request, kind: str) -> list[int]:
     return [v] if not req.vs or v in req.vs else []
 
 
-def _candidates_of(req: Request, tp: int, p: int, dp: int, ep: int) -> list[Layout]:
+def _candidates_of(req: Request, tp: int, p: int, dp: int, ep: int, cp: int = 1) -> list[Layout]:
     out = []
     for b in req.microbatch_sizes or (x for x in (1, 2, 4, 8, 16, 32) if x <= req.max_microbatch_size):
         if req.global_batch % (dp * b):
@@ -281,13 +293,17 @@ def _candidates_of(req: Request, tp: int, p: int, dp: int, ep: int) -> list[Layo
                 for sharding in (req.shardings if dp > 1 else ("none",)):
                     for recompute in req.recomputes:
                         for balance in (req.balances if p > 1 else ("even",)):
-                            out.append(Layout(tp, p, dp, name, v, b, m, sharding, recompute, balance, ep))
+                            out.append(Layout(tp, p, dp, name, v, b, m, sharding, recompute, balance, ep, cp))
     return out
 
 
 def constraint_problem(layout: Layout, req: Request) -> str | None:
     """Why ``layout`` cannot run (its schedule's constraints; selective checkpointing under torch's
     split backward), as one line naming the fix; ``None`` if it can."""
+    if layout.cp > 1 and req.seq_len % (2 * layout.cp):
+        return (f"context parallelism of {layout.cp} cuts each sequence into {2 * layout.cp} chunks (two per GPU, "
+                f"balancing causal attention), and {req.seq_len} tokens do not split so; use a sequence length that "
+                f"is a multiple of {2 * layout.cp}, or another cp")
     if layout.schedule == NO_PIPELINE:
         return None
     if layout.recompute == "selective" and _torch_split_backward(layout, req):
@@ -335,11 +351,15 @@ def divisibility_problem(req: Request) -> str | None:
     """Why no layout divides the global batch, naming the fix; ``None`` when one does."""
     dps = set()
     for tp in tensor_parallel_sizes(req):
-        ranks = req.gpus // tp
-        dps |= {ranks // p for p in pipeline_sizes(req, ranks)}
+        for cp in context_parallel_sizes(req, tp):
+            ranks = req.gpus // (tp * cp)
+            dps |= {ranks // p for p in pipeline_sizes(req, ranks)}
     if not tensor_parallel_sizes(req):
         return (f"no tensor-parallel size divides both the {req.gpus} GPUs and the model's {req.model.heads} heads / "
                 f"{req.model.kv_heads} key/value heads / MLP width {req.model.ffn}; use another number of GPUs")
+    if not any(context_parallel_sizes(req, tp) for tp in tensor_parallel_sizes(req)):
+        return (f"no context-parallel size of {list(req.cps)} times a tensor-parallel size divides the {req.gpus} GPUs; "
+                "use other --cp sizes")
     if not dps:
         return (f"no pipeline size of {list(req.pps)} divides the GPUs per tensor-parallel slot and is at most the "
                 f"model's {req.model.layers} layers (and max_p {req.max_p}); try other pipeline sizes")
@@ -347,8 +367,8 @@ def divisibility_problem(req: Request) -> str | None:
         smallest = min(dps)
         return (f"--global-batch {req.global_batch} is not a multiple of any data-parallel size these GPUs allow "
                 f"({', '.join(map(str, sorted(dps)))}); use a multiple of {smallest}, e.g. "
-                f"{-(-req.global_batch // smallest) * smallest} (context parallelism, which splits each sequence over "
-                "GPUs instead, is not modelled)")
+                f"{-(-req.global_batch // smallest) * smallest}, or split each sequence over GPUs with context "
+                "parallelism (--cp 2 halves the data-parallel sizes)")
     return None
 
 
@@ -387,8 +407,8 @@ def _pipeline_run(name: str, p: int, m: int, v: int, stage_cost: tuple, hop_intr
 def _hops(layout: Layout, req: Request) -> tuple[float, float, tuple[int, ...]]:
     """A hand-off's seconds within a node and between nodes, and each pipeline rank's node."""
     boundary = traffic.boundary_bytes(layout.b, req.seq_len, req.model.hidden,
-                                      memory.RECIPES[req.recipe].activation_bytes) / layout.tp
-    nodes = tuple(node_of(r, layout.dp, layout.tp, req.gpus_per_node) for r in range(layout.p))
+                                      memory.RECIPES[req.recipe].activation_bytes) / layout.tp / layout.cp
+    nodes = tuple(node_of(r, layout.dp * layout.cp, layout.tp, req.gpus_per_node) for r in range(layout.p))
     return req.intra.time(boundary), req.inter.time(boundary), nodes
 
 
@@ -468,7 +488,7 @@ def _stage_costs(layout: Layout, req: Request, layers: list[list[int]] | None = 
     """Seconds of each (stage, kind) for one microbatch, and whether any came from FLOPs."""
     return _stage_costs_cached(req, layout.tp, layout.num_stages, layout.balance, layout.b, layout.recompute,
                                layout.ep, layout.schedule in OVERLAPS_ALL_TO_ALL and req.overlap_f_b,
-                               _torch_split_backward(layout, req))
+                               _torch_split_backward(layout, req), layout.cp)
 
 
 def alltoall_seconds(req: Request, nbytes: float, ep: int, tp: int) -> float:
@@ -488,11 +508,13 @@ def alltoall_seconds(req: Request, nbytes: float, ep: int, tp: int) -> float:
 
 @functools.lru_cache(maxsize=16384)
 def _stage_costs_cached(req: Request, tp: int, num_stages: int, balance: str, b: int, recompute: str, ep: int = 1,
-                        overlap: bool = False, split: bool = False) -> tuple[dict, bool]:
+                        overlap: bool = False, split: bool = False, cp: int = 1) -> tuple[dict, bool]:
     """Recomputation runs each recomputed block's forward again in the backward: once, or, with
     full checkpointing under torch's split backward (``split``), once in I and once more per
     group of parameters in W (:func:`ppbook.planner.shapes.block_weight_groups`), on every stage
-    but the first, whose backward torch runs whole in W (chapter 12 measured both)."""
+    but the first, whose backward torch runs whole in W (chapter 12 measured both). Context
+    parallelism (``cp``) divides each GPU's computation and its tensor- and expert-parallel traffic
+    by ``cp`` and adds :func:`context_parallel_seconds` to every layer."""
     shape = req.model
     first, last = end_weights(req) if balance == "ends" else (0, 0)
     layers = _stage_layers_cached(shape.layers, num_stages, first, last)
@@ -506,11 +528,12 @@ def _stage_costs_cached(req: Request, tp: int, num_stages: int, balance: str, b:
     # sequence parallelism: per block, per microbatch, two all-gathers and two reduce-scatters forward, the same backward
     tp_half = 0.0
     if tp > 1:
-        nbytes = traffic.boundary_bytes(layout.b, req.seq_len, shape.hidden, act_bytes)
+        nbytes = traffic.boundary_bytes(layout.b, req.seq_len, shape.hidden, act_bytes) / cp
         tp_half = 2 * tp_link.allreduce(nbytes, tp)
     # expert parallelism: each MoE layer dispatches and combines its tokens, forward and backward
     a2a = 2 * alltoall_seconds(req, traffic.expert_dispatch_bytes(b, req.seq_len, shape.hidden, shape.top_k, act_bytes,
-                                                                  tp), ep, tp) if shape.moe and ep > 1 else 0.0
+                                                                  tp) / cp, ep, tp) if shape.moe and ep > 1 else 0.0
+    cp_f, cp_b = context_parallel_seconds(req, b, tp, cp, recompute)
     out = {}
     n = len(layers)
     redo = {False: {"none": 0.0, "full": dense.F, "selective": dense.F * selective_share(shape, False)},
@@ -527,9 +550,9 @@ def _stage_costs_cached(req: Request, tp: int, num_stages: int, balance: str, b:
     per_layer = {}
     for is_moe, c in ((False, dense), (True, moe)):
         groups = shapes.block_weight_groups(shape, is_moe)
-        per_layer[is_moe] = (with_a2a(c.F / tp + tp_half, is_moe),
-                             with_a2a((c.I + redo[is_moe][layout.recompute]) / tp + tp_half, is_moe),
-                             (c.W + 0.0) / tp, (c.W + (groups * c.F if per_group else 0.0)) / tp)
+        per_layer[is_moe] = (with_a2a(c.F / (tp * cp) + tp_half, is_moe) + cp_f,
+                             with_a2a((c.I + redo[is_moe][layout.recompute]) / (tp * cp) + tp_half, is_moe) + cp_b,
+                             (c.W + 0.0) / (tp * cp), (c.W + (groups * c.F if per_group else 0.0)) / (tp * cp))
     for s, owned in enumerate(layers):
         f = i = w = 0.0
         n_moe = sum(1 for index in owned if index >= shape.dense_layers) if shape.moe else 0
@@ -540,9 +563,27 @@ def _stage_costs_cached(req: Request, tp: int, num_stages: int, balance: str, b:
                 i += count * li
                 w += count * (lw_redo if s > 0 else lw)
         if s == n - 1:
-            f, i, w = f + head.F / tp, i + head.I / tp, w + head.W / tp
+            f, i, w = f + head.F / (tp * cp), i + head.I / (tp * cp), w + head.W / (tp * cp)
         out[(s, "F")], out[(s, "I")], out[(s, "W")], out[(s, "B")] = f, i, w, i + w
     return out, estimated
+
+
+def context_parallel_seconds(req: Request, b: int, tp: int, cp: int, recompute: str) -> tuple[float, float]:
+    """(forward, backward) seconds context parallelism adds to one layer and microbatch: Llama 3's
+    all-gather-based context parallelism (Dubey et al. 2024, section 3.3.2), in which each of the
+    ``cp`` GPUs holds ``1/cp`` of every sequence (two chunks, balancing causal attention) and
+    all-gathers the layer's keys and values before attention; the backward reduce-scatters their
+    gradients, and gathers them again where full recomputation reruns the forward. Modelled as not
+    hidden (Megatron-LM's ring attention overlaps its transfers with attention's computation, so
+    this is an upper bound there). The group is ``cp`` consecutive tensor-parallel groups (tensor
+    parallel innermost, then context parallel, as Megatron-LM orders them)."""
+    if cp <= 1:
+        return 0.0, 0.0
+    _, k, v, _ = memory.attention_widths(req.model)
+    nbytes = b * req.seq_len * (k + v) / tp * memory.RECIPES[req.recipe].activation_bytes  # a whole sequence's K, V
+    link = req.intra if tp * cp <= req.gpus_per_node else req.inter
+    gather = link.gather(nbytes, cp)
+    return gather, gather * (2 if recompute == "full" else 1)
 
 
 @functools.lru_cache(maxsize=256)
@@ -584,15 +625,16 @@ class _Tables:
     experts: tuple[float, ...]   # the routed experts' share of params (what expert parallelism divides)
 
 
-def stage_boundary_bytes(req: Request, b: int, tp: int) -> float:
+def stage_boundary_bytes(req: Request, b: int, tp: int, cp: int = 1) -> float:
     """Bytes of one microbatch's activation at a stage boundary, on one GPU: ``b x s x h`` values,
-    split over the tensor-parallel ranks when sequence parallelism splits the sequence."""
-    whole = traffic.boundary_bytes(b, req.seq_len, req.model.hidden, memory.RECIPES[req.recipe].activation_bytes)
+    split over the tensor-parallel ranks when sequence parallelism splits the sequence (and over
+    the context-parallel ranks, whose ``1/cp`` of each sequence it is)."""
+    whole = traffic.boundary_bytes(b, req.seq_len, req.model.hidden, memory.RECIPES[req.recipe].activation_bytes) / cp
     return whole / tp if req.sequence_parallel else whole
 
 
 @functools.lru_cache(maxsize=8192)
-def _tables(req: Request, num_stages: int, balance: str, b: int, recompute: str, tp: int) -> _Tables:
+def _tables(req: Request, num_stages: int, balance: str, b: int, recompute: str, tp: int, cp: int = 1) -> _Tables:
     shape = req.model
     first, last = end_weights(req) if balance == "ends" else (0, 0)
     layers = _stage_layers_cached(shape.layers, num_stages, first, last)
@@ -602,12 +644,14 @@ def _tables(req: Request, num_stages: int, balance: str, b: int, recompute: str,
     per_mb, residual, params, block_params = [], [], [], []
     whole = 0.0 if req.sequence_parallel or tp == 1 else \
         memory.replicated_values(shape, req.kernels, recompute) * tokens * dt * (1 - 1 / tp)
-    boundary = stage_boundary_bytes(req, b, tp)
+    boundary = stage_boundary_bytes(req, b, tp, cp)
+    # context parallelism: a GPU keeps its 1/cp of each sequence's activations (keys and values gathered per layer
+    # are transient: _transient)
     for s, owned in enumerate(layers):
         per_mb.append(memory.stage_activation_bytes(shape, owned, tokens, s == 0, s == n - 1, dt, req.kernels,
-                                                    recompute, req.seq_len) / tp + len(owned) * whole
+                                                    recompute, req.seq_len) / (tp * cp) + len(owned) * whole / cp
                       + memory.held_io_bytes(boundary, s == 0, s == n - 1, req.stage_io))
-        residual.append(len(owned) * memory.values_bytes(memory.block_residual_values(shape), tokens, dt) / tp)
+        residual.append(len(owned) * memory.values_bytes(memory.block_residual_values(shape), tokens, dt) / (tp * cp))
         total = memory.stage_parameters(shape, owned, s == 0, s == n - 1) / tp
         params.append(total)
         block_params.append(memory.stage_parameters(shape, owned, False, False) / tp)
@@ -629,19 +673,19 @@ def rank_saved_bytes(schedule: str, p: int, m: int, v: int, per_mb, residual) ->
 
 @functools.lru_cache(maxsize=16384)
 def _rank_activations(req: Request, schedule: str, p: int, m: int, v: int, b: int, balance: str, recompute: str,
-                      tp: int) -> tuple[tuple[float, float], ...]:
+                      tp: int, cp: int = 1) -> tuple[tuple[float, float], ...]:
     """Per pipeline rank, (activation bytes, logits bytes) at its peak: the microbatches its
     stages hold at once under the schedule's order, times each stage's bytes per microbatch,
     plus one layer's recomputation and, on the last stage, one loss backward. Independent of the
     sharding, so cached across it."""
     shape = req.model
     stages = stage_count(schedule, p, v)
-    t = _tables(req, stages, balance, b, recompute, tp)
+    t = _tables(req, stages, balance, b, recompute, tp, cp)
     dt = memory.RECIPES[req.recipe].activation_bytes
     tokens = b * req.seq_len
-    logits = memory.logits_bytes(shape, tokens, dt) / tp
-    loss_backward = memory.loss_backward_bytes(shape, tokens) / tp
-    transient = _transient(req, b, recompute, tp)
+    logits = memory.logits_bytes(shape, tokens, dt) / (tp * cp)
+    loss_backward = memory.loss_backward_bytes(shape, tokens) / (tp * cp)
+    transient = _transient(req, b, recompute, tp, cp)
     probe = Layout(tp, p, 1, schedule, v, b, m, "none", recompute, balance)
     ms = _simulated_ms(probe)
     peaks = [in_flight(schedule, p, mm, v) for mm in ms]
@@ -664,10 +708,13 @@ def _rank_state(layout: Layout, req: Request, stages: list[int]) -> tuple[float,
     """(parameters outside the routed experts, routed-expert parameters, training state) of one
     GPU holding ``stages``. Expert parallelism keeps ``1/ep`` of each MoE layer's routed experts
     on a GPU, and their state is sharded over the ``dp / ep`` replicas that hold the same experts;
-    the rest is sharded over all ``dp``. (Parameters do not depend on the microbatch or the
-    recomputation, so the result is cached without them.)"""
+    the rest is sharded over all ``dp``. Context parallelism replicates the parameters over its ``cp``
+    GPUs, and the sharding modes shard over ``dp x cp`` (torchtitan's FSDP over ``dp_shard x cp``,
+    Megatron-LM's distributed optimizer over its data-parallel group with context parallelism).
+    (Parameters do not depend on the microbatch or the recomputation, so the result is cached
+    without them.)"""
     return _rank_state_cached(req, layout.num_stages, layout.balance, layout.tp, tuple(stages), layout.sharding,
-                              layout.dp, layout.ep, layout.p)
+                              layout.dp * layout.cp, layout.ep, layout.p)
 
 
 @functools.lru_cache(maxsize=65536)
@@ -734,27 +781,31 @@ def memory_floor(layout: Layout, req: Request) -> float:
     """A lower bound of rank 0's peak, from sizes alone: its training state, plus min(m, p) of its
     stages' microbatches (every one of torch's seven schedules runs that many forwards on rank 0
     before its first backward: tests/test_plan.py checks it), plus one layer's recomputation."""
-    t = _tables(req, layout.num_stages, layout.balance, layout.b, layout.recompute, layout.tp)
+    t = _tables(req, layout.num_stages, layout.balance, layout.b, layout.recompute, layout.tp, layout.cp)
     stages = _owned(layout, 0)
     _, _, state = _rank_state(layout, req, stages)
     return state.total + min(layout.m, layout.p) * min(t.per_mb[s] for s in stages) + \
-        _transient(req, layout.b, layout.recompute, layout.tp)
+        _transient(req, layout.b, layout.recompute, layout.tp, layout.cp)
 
 
 @functools.lru_cache(maxsize=4096)
-def _transient(req: Request, b: int, recompute: str, tp: int) -> float:
-    """One layer's recomputation at the peak of a backward, on one GPU."""
-    return memory.recompute_transient_bytes(req.model, b * req.seq_len, memory.RECIPES[req.recipe].activation_bytes,
-                                            req.kernels, recompute, req.seq_len) / tp
+def _transient(req: Request, b: int, recompute: str, tp: int, cp: int = 1) -> float:
+    """One layer's recomputation at the peak of a backward, on one GPU; with context parallelism, its
+    ``1/cp`` share, plus the keys and values of a whole sequence the layer gathers."""
+    dt = memory.RECIPES[req.recipe].activation_bytes
+    out = memory.recompute_transient_bytes(req.model, b * req.seq_len, dt, req.kernels, recompute, req.seq_len) / (tp * cp)
+    if cp > 1:
+        _, k, v, _ = memory.attention_widths(req.model)
+        out += b * req.seq_len * (k + v) / tp * dt
+    return out
 
 
 def rank_memory(layout: Layout, req: Request, layers: list[list[int]] | None = None) -> list[RankMemory]:
     """Every pipeline rank's peak memory, by kind (the GPUs of one rank's tensor-parallel group
     hold the same)."""
-    t = _tables(req, layout.num_stages, layout.balance, layout.b, layout.recompute, layout.tp)
     held = _rank_activations(req, layout.schedule, layout.p, layout.m, layout.v, layout.b, layout.balance,
-                             layout.recompute, layout.tp)
-    boundary, n = stage_boundary_bytes(req, layout.b, layout.tp), layout.num_stages
+                             layout.recompute, layout.tp, layout.cp)
+    boundary, n = stage_boundary_bytes(req, layout.b, layout.tp, layout.cp), layout.num_stages
     out = []
     for rank in range(layout.p):
         stages = _owned(layout, rank)
@@ -855,6 +906,8 @@ def predict(layout: Layout, req: Request, check_memory: bool = True, mem: list[R
     end = {r: _extrapolate([(m, run_[0][r]) for m, run_ in zip(ms, runs)], layout.m, bottleneck) for r in range(layout.p)}
     step, exposed_worst, traffic_worst, critical = 0.0, 0.0, 0.0, {}
     t = _tables(req, layout.num_stages, layout.balance, layout.b, layout.recompute, layout.tp)
+    # gradients are reduced, and state sharded, over the dp x cp GPUs that hold the same parameters
+    replicas = replace(layout, dp=layout.dp * layout.cp, cp=1)
     for r in range(layout.p):
         stages = _owned(layout, r)
         params, experts, _ = _rank_state(layout, req, stages)
@@ -862,8 +915,8 @@ def predict(layout: Layout, req: Request, check_memory: bool = True, mem: list[R
         last_backward = sum(stage_cost[(s, "B")] for s in stages)
         first_forward = stage_cost[(stages[0], "F")]
         gathers = fsdp_gathers_factor(layout, req, t, r) if layout.sharding == "fsdp" and layout.p > 1 else 1.0
-        total, exposed = _dp_exposed(layout, req, params, busy[r], last_backward, first_forward, experts, gathers)
-        opt = _optimizer_seconds(params, layout, req, experts)
+        total, exposed = _dp_exposed(replicas, req, params, busy[r], last_backward, first_forward, experts, gathers)
+        opt = _optimizer_seconds(params, replicas, req, experts)
         if end[r] + exposed + opt > step:  # the rank that finishes last sets the step: keep its parts
             critical = {"rank": r, "end_s": end[r], "busy_s": busy[r], "dp_exposed_s": exposed, "optimizer_s": opt}
         step = max(step, end[r] + exposed + opt)
@@ -898,13 +951,13 @@ def node_of(pp_rank: int, dp: int, tp: int, gpus_per_node: int) -> int:
 def lower_bound(layout: Layout, req: Request) -> float:
     """A step time no simulation can beat: the busiest rank's computation alone."""
     return layout.m * _busiest(req, layout.schedule, layout.p, layout.v, layout.num_stages, layout.balance,
-                               layout.b, layout.recompute, layout.tp, layout.ep)
+                               layout.b, layout.recompute, layout.tp, layout.ep, layout.cp)
 
 
 @functools.lru_cache(maxsize=16384)
 def _busiest(req: Request, schedule: str, p: int, v: int, num_stages: int, balance: str, b: int, recompute: str,
-             tp: int, ep: int = 1) -> float:
-    probe = Layout(tp, p, 1, schedule, v, b, 1, "none", recompute, balance, ep)
+             tp: int, ep: int = 1, cp: int = 1) -> float:
+    probe = Layout(tp, p, 1, schedule, v, b, 1, "none", recompute, balance, ep, cp)
     stage_cost, _ = _stage_costs(probe, req, layers_of(probe, req))
     split = schedule in schedules.SPLIT_BACKWARD
     return max(sum(stage_cost[(s, "F")] + (stage_cost[(s, "I")] + stage_cost[(s, "W")] if split else stage_cost[(s, "B")])
