@@ -108,3 +108,93 @@ def test_prose_numbers_counts_only_the_open_main_line():
     ])
     counts = [glued_numbers(p) for _, p in paragraphs(page)]
     assert counts == [3, 4, 2, 1], counts
+
+
+# Every launch a chapter makes shows the command a reader would type (issue 38): a code cell that
+# calls launch.torchrun / launch.python, or a function of the page that wraps them, prints the
+# launch's ``reader_command`` in that cell or the next one (itself, or through a function of the
+# page that prints it).
+LAUNCHERS = {"torchrun", "python"}
+
+
+def code_cells(text: str) -> list[tuple[int, str]]:
+    """(first line, source) of every ``{code-cell}`` of a MyST page, without its metadata lines."""
+    cells, lines, i = [], text.splitlines(), 0
+    while i < len(lines):
+        opening = re.match(r"^(`{3,})\{code-cell\}", lines[i])
+        i += 1
+        if not opening:
+            continue
+        start, body = i, []
+        while i < len(lines) and lines[i].strip() != opening[1]:
+            body.append(lines[i])
+            i += 1
+        i += 1
+        if body[:1] == ["---"]:  # a YAML metadata block
+            body = body[body.index("---", 1) + 1:] if "---" in body[1:] else body
+        while body and body[0].startswith(":"):  # :tags: [...] lines
+            body = body[1:]
+        source = "\n".join("pass" if line.lstrip().startswith(("%", "!")) else line for line in body)
+        cells.append((start, source))
+    return cells
+
+
+def _launch_calls(node, wrappers) -> list[ast.Call]:
+    """The launches in ``node``, leaving out those inside a function it defines."""
+    calls = []
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            continue
+        if isinstance(child, ast.Call):
+            f = child.func
+            if ((isinstance(f, ast.Attribute) and f.attr in LAUNCHERS and isinstance(f.value, ast.Name)
+                 and f.value.id == "launch") or (isinstance(f, ast.Name) and f.id in wrappers)):
+                calls.append(child)
+        calls += _launch_calls(child, wrappers)
+    return calls
+
+
+def _calls_any(tree, names) -> bool:
+    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in names for n in ast.walk(tree))
+
+
+def launches_without_command(text: str) -> list[int]:
+    """The first lines of the code cells of ``text`` that launch a script and print no reader's command."""
+    cells = [(line, ast.parse(source), source) for line, source in code_cells(text)]
+    functions = [f for _, tree, _ in cells for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)]
+    wrappers, printers = set(), {f.name for f in functions if "reader_command" in ast.unparse(f)}
+    while True:  # a function that launches, directly or through another wrapper, is a wrapper
+        more = {f.name for f in functions if any(_launch_calls(s, wrappers) for s in f.body)} - wrappers
+        if not more:
+            break
+        wrappers |= more
+
+    def prints(i):
+        return i < len(cells) and ("reader_command" in cells[i][2] or _calls_any(cells[i][1], printers))
+
+    return [line for i, (line, tree, _) in enumerate(cells)
+            if _launch_calls(tree, wrappers) and not (prints(i) or prints(i + 1))]
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.name)
+def test_every_launch_shows_the_readers_command(chapter):
+    missing = launches_without_command(chapter.read_text())
+    assert not missing, (f"{chapter.name}: the code cells at lines {missing} launch a script but print no "
+                         "reader's command; add print(\"$\", result.reader_command) to the cell")
+
+
+def test_launch_checker_fails_on_a_silent_launch():
+    """The checker finds a launch that prints nothing, also through a page's wrapper, and accepts
+    a print in the cell, in the next cell, or through a page's printing function."""
+    def page(*cells):
+        return "\n".join(f"```{{code-cell}} ipython3\n{c}\n```\n\nText.\n" for c in cells)
+
+    silent = "r = launch.torchrun('x.py', [], nproc=2).data\nprint(r)"
+    assert launches_without_command(page("import os", silent)) == [7]  # the line of the cell's fence
+    assert launches_without_command(page(silent, "print('$', r.reader_command)")) == []
+    assert launches_without_command(page(":tags: [remove-cell]\n" + silent.replace("torchrun", "python"))) == [1]
+    wrapper = "def go(n):\n    return launch.python('x.py', [n])"
+    assert launches_without_command(page(wrapper, "a = go(1)", "b = 2", "c = 3")) == [8]
+    shower = "def show(run):\n    print(run.reader_command)"
+    assert launches_without_command(page(wrapper, shower, "a = go(1)\nshow(a)")) == []
+    assert launches_without_command(page("print(launch.torchrun('x.py').reader_command)")) == []
