@@ -92,7 +92,8 @@ def torchrun_nodes(script: str, args: list[str] | tuple = (), nnodes: int = 2, n
         if any(c is None or c < 0 for c in codes) and seconds >= timeout - 1:
             raise LaunchError(f"timed out after {timeout:.0f} s (every node killed)\n--- last output ---\n{output[-4000:]}")
         code = next((c for c in codes if c), 0)
-        result = RunResult(commands[0], code, output, seconds)
+        result = RunResult(commands[0], code, output, seconds, json_path=str(out) if json_result else None,
+                           root=str(root))
         if check and code != 0:
             raise LaunchError(f"exit status {code}: {result.shell_command}\n--- last output ---\n{output[-4000:]}")
         if json_result and code == 0:
