@@ -5,7 +5,9 @@ program that imports nothing from the book, under the launch server (the rules i
 forked rank) and under torchrun itself (installed by the sitecustomize the launcher puts on
 PYTHONPATH), and one whose two ranks issue collectives on two groups in opposite orders. The
 regressions of the three defects the mode was built for are in test_own_schedule.py (the batch's
-one work), test_moe.py (the overlap's two threads) and here (a blocking send that returns at once).
+one work), test_moe.py (the overlap's two threads) and here (a blocking send that returns at once);
+test_own_schedule.py also holds chapter 14's batches to order_problem(p2p=True), which the mode
+does not run (torch's schedules mix batches with lone sends that NCCL puts on other communicators).
 """
 
 from __future__ import annotations
@@ -83,6 +85,22 @@ def test_opposite_orders_of_collectives_on_two_groups_are_named():
     send = {"what": "send to rank 1 #1", "events": [["p2p", "0", 0, 1, 1]]}  # point-to-point: not compared
     assert nccl_rules.order_problem({0: [send, x], 1: [x, send]}) is None
 
+
+
+def test_point_to_point_batches_that_wait_on_each_other_only_with_p2p():
+    """order_problem(p2p=True): each rank sends alone, in a batch of its own, then receives the
+    peer's message in the next. On NCCL, with large messages, each send waits for a receive its
+    peer posts only after its own send: they wait on each other. One batch holding both messages,
+    on both sides, does not."""
+    def batch(n, *events):
+        return {"what": f"batch_isend_irecv #{n}", "events": [["p2p", "0", *ev, 1] for ev in events]}
+
+    apart = {0: [batch(1, (0, 1)), batch(2, (1, 0))], 1: [batch(1, (1, 0)), batch(2, (0, 1))]}
+    line = nccl_rules.order_problem(apart, p2p=True)
+    assert line and "a large send once its receive runs" in line and "rank 0 issued batch_isend_irecv #1 before" in line
+    assert nccl_rules.order_problem(apart) is None  # the mode at run time compares collectives only
+    together = {r: [batch(1, (0, 1), (1, 0))] for r in (0, 1)}
+    assert nccl_rules.order_problem(together, p2p=True) is None
 
 def test_three_ranks_in_a_ring_of_groups():
     a, b, c = ({"what": f"all_reduce on group {g}", "events": [["coll", g, 1]]} for g in "abc")
