@@ -316,9 +316,72 @@ def test_the_all_to_all_costs_time_on_moe_layers_unless_a_registered_overlap_hid
     overlapped = search._stage_costs(search.Layout(base["tp"], base["p"], base["dp"], "DualPipeV", base["v"], base["b"],
                                                    base["m"], base["sharding"], base["recompute"], "even", 8),
                                      replace(req, overlap_f_b=True))[0]
-    assert overlapped[(1, "F")] < costs["ZBVZeroBubble", 8][(1, "F")]  # hidden behind computation
+    # an action alone pays its all-to-alls in full; the pair hides them (test_dualpipev_pairs_...)
+    assert overlapped[(1, "F")] == costs["ZBVZeroBubble", 8][(1, "F")]
+    assert overlapped[(1, "F_a2a")] == overlapped[(1, "B_a2a")] == pytest.approx(layers_per_stage * a2a)
     # across nodes, the share for other nodes crosses the network
     assert search.alltoall_seconds(req, nbytes, 16, 1) > search.alltoall_seconds(req, nbytes, 8, 1)
+
+
+def test_a_dualpipev_pair_hides_each_halfs_all_to_all_under_the_other_halfs_computation():
+    """DeepSeek-V3's DualPipe pair, by hand: the forward computes 3 s beside the backward's 2 s of
+    all-to-alls, then the backward computes 5 s beside the forward's 4 s: 3 + 5, not 3 + 4 + 5 + 2."""
+    from ppbook.planner.simulate import pair_slots
+
+    assert pair_slots((3.0, 4.0), (5.0, 2.0)) == (3.0, 5.0)
+    # an all-to-all longer than the other half's computation shows by what it outlasts it
+    assert pair_slots((1.0, 4.0), (5.0, 2.0)) == (2.0, 5.0)  # the backward's 2 s outlast the forward's 1 s
+    assert pair_slots((3.0, 7.0), (5.0, 2.0)) == (3.0, 7.0)  # the forward's 7 s outlast the backward's 5 s
+    assert sum(pair_slots((1.0, 4.0), (5.0, 2.0))) >= 1.0 + 5.0  # never below the two computations
+
+
+def _dualpipev_costs(overlap_f_b: bool, m: int = 16):
+    req = replace(request("mixtral-8x7b", 64, 256, 4096), overlap_f_b=overlap_f_b)
+    layout = search.Layout(1, 4, 16, "DualPipeV", 2, 1, m, "zero1", "none", "even", 8)
+    costs = search._stage_costs(layout, req)[0]
+    c = search._compiled("DualPipeV", 4, m, 2)
+    return req, layout, costs, c, search._action_costs("DualPipeV", 4, m, 2, c, costs)
+
+
+def test_dualpipev_pairs_hide_their_all_to_alls_and_unpaired_actions_pay_them():
+    """With --overlap-f-b, an action DualPipeV runs alone (a warm-up forward, a cool-down
+    backward) costs its computation plus its all-to-alls, as without the overlap; a pair costs
+    pair_slots of its halves; and the search's lower bound stays below the simulated step."""
+    from ppbook.planner.simulate import pair_slots
+
+    req, layout, costs, c, cost = _dualpipev_costs(True)
+    plain = _dualpipev_costs(False)[4]
+    paired = schedules.overlapped_forwards("DualPipeV", 4, 16)
+    in_pair = paired | {c.actions[i + 1] for i, a in enumerate(c.actions) if a in paired}
+    alone = [i for i, a in enumerate(c.actions) if a not in in_pair]
+    assert alone and all(cost[i] == plain[i] == costs[(c.actions[i].stage, c.actions[i].kind)] for i in alone)
+    for i, a in enumerate(c.actions):
+        if a in paired:
+            f, b = a, c.actions[i + 1]
+            af, ab = costs[(f.stage, "F_a2a")], costs[(b.stage, "B_a2a")]
+            assert af > 0 and ab > 0
+            assert (cost[i], cost[i + 1]) == pair_slots((costs[(f.stage, "F")] - af, af), (costs[(b.stage, "B")] - ab, ab))
+            assert cost[i] + cost[i + 1] < plain[i] + plain[i + 1]
+    pred = search.predict(layout, req, check_memory=False)
+    assert search.lower_bound(layout, req) <= pred.pipeline_s
+    assert pred.step_s < search.predict(layout, replace(req, overlap_f_b=False), check_memory=False).step_s
+
+
+def test_the_share_of_actions_dualpipev_runs_unpaired_is_torchs():
+    """The pairs the planner knows are the OVERLAP_F_B actions torch's ScheduleDualPipeV emits, and
+    at p = 8, m = 16 (the fewest microbatches it takes) most actions run alone: the warm-up and
+    cool-down outweigh a short steady state; the share falls as m grows."""
+    from ppbook import overlap
+
+    def unpaired(p, m):
+        n = sum(len(acts) for acts in schedules.order("DualPipeV", p, m).values())
+        return 1 - 2 * len(schedules.overlapped_forwards("DualPipeV", p, m)) / n
+
+    torch_order = overlap.pair_order("DualPipeV", 8, 16)
+    assert schedules.overlapped_forwards("DualPipeV", 8, 16) == {
+        item[0] for items in torch_order.values() for item in items if len(item) == 2}
+    assert unpaired(8, 16) > 0.5 > unpaired(8, 64)
+    assert schedules.overlapped_forwards("ZBVZeroBubble", 8, 16) == frozenset()
 
 
 def test_the_planner_asks_for_expert_parallelism_where_it_pays():
@@ -754,3 +817,21 @@ def test_nvidias_405b_request_is_planned_with_context_parallelism(capsys):
     assert status == 2 and "--cp 2" in out
     status, out = in_process(base + ["--cp", "2"], capsys)
     assert status == 0 and "tp=8 cp=2" in out, out
+
+
+def test_a_presets_memory_is_the_bytes_its_device_reports_less_the_headroom():
+    """"80 GB" as sold is not what the allocator gets: an H100 80GB reports 79.11 GiB (84.9e9 bytes), and
+    the planner's usable memory is exactly those bytes less the 10% headroom. Every preset carries its
+    bytes with the source of the figure, and a figure read from no device says it is the datasheet's."""
+    assert set(hardware.MEMORY) == set(hardware.GPUS)
+    for name, g in hardware.GPUS.items():
+        nbytes, source = hardware.MEMORY[name]
+        assert g.memory_gb * 1e9 == pytest.approx(nbytes, rel=1e-12) and source
+        assert source.startswith("reported: ") or source.startswith("no reported figure: "), source
+    h100 = hardware.MEMORY["h100-sxm"][0]
+    assert h100 == pytest.approx(79.11 * 2 ** 30) and 84.9e9 < h100 < 85.0e9  # not 80e9
+    assert hardware.MEMORY["a100-40gb"][0] == 42298834944
+    req = request()
+    assert req.headroom == 0.1
+    assert req.usable_bytes == pytest.approx(h100 * 0.9, rel=1e-12)
+    assert request(gpu=hardware.GPUS["a100-80gb"]).usable_bytes == pytest.approx(80 * 2 ** 30 * 0.9, rel=1e-12)

@@ -115,7 +115,9 @@ def pair_cost(f: tuple[float, float], b: tuple[float, float], overlap: bool) -> 
     """Time of a forward and a backward, each ``(compute, all-to-all)``: one after
     the other, or overlapped on one core, where the computations take turns (they add
     up) and each half's all-to-alls can hide under the other's computation (DualPipe's
-    F&B chunk, DeepSeek-V3)."""
+    F&B chunk, DeepSeek-V3). The planner's pair on a GPU,
+    :func:`ppbook.planner.simulate.pair_slots`, alternates the halves by whole
+    chunks: ``max(cf, ab) + max(cb, af)``, never less than this."""
     (cf, af), (cb, ab) = f, b
     if not overlap:
         return cf + af + cb + ab

@@ -171,7 +171,8 @@
     return a.filter(function (x) { return x.microbatch < m; });
   }
 
-  function dualpipev(rank, p, m) {
+  // pairs: when given, the forward of each OVERLAP_F_B pair is pushed on it (port of overlapped_forwards)
+  function dualpipev(rank, p, m, pairs) {
     var s0 = rank, s1 = 2 * p - 1 - rank, count = {}, queue = [], a = [];
     function get(key) { return count[key] || 0; }
     function add(stage, kind) {
@@ -192,7 +193,7 @@
         count[x[0] + "W"] = get(x[0] + "W") + 1;
       }
     }
-    function overlap(fwd, bwd) { add(fwd, "F"); add(bwd, "B"); }
+    function overlap(fwd, bwd) { add(fwd, "F"); if (pairs) pairs.push(a[a.length - 1]); add(bwd, "B"); }
     var i;
     for (i = 0; i < (p - rank - 1) * 2; i++) add(s0, "F");
     for (i = 0; i < rank + 1; i++) { add(s0, "F"); add(s1, "F"); }
@@ -213,6 +214,19 @@
     for (i = 0; i < rank + 1; i++) weight();
     return a;
   }
+
+  // port of schedules.overlapped_forwards: the forwards run in an OVERLAP_F_B pair, as key3 strings
+  function overlappedForwards(name, p, m) {
+    var out = {};
+    if (name !== "DualPipeV") return out;
+    var pairs = [];
+    for (var r = 0; r < p; r++) dualpipev(r, p, m, pairs);
+    pairs.forEach(function (x) { if (x.microbatch < m) out[key3(x.stage, x.kind, x.microbatch)] = true; });
+    return out;
+  }
+
+  // port of simulate.pair_slots: a DualPipeV pair's forward and backward slots, from each half's [compute, all-to-all]
+  function pairSlots(f, b) { return [Math.max(f[0], b[1]), Math.max(b[0], f[1])]; }
 
   // port of schedules.order
   function order(name, p, m, v) {
@@ -1079,10 +1093,7 @@
       var a2a = isMoe(s) && ep > 1 ?
         2 * self.alltoallSeconds(expertDispatchBytes(b, req.seq_len, s.hidden, s.top_k, actBytes, tp) / cp, ep, tp) : 0;
       var cpFB = self.contextParallelSeconds(b, tp, cp, recompute), cpF = cpFB[0], cpB = cpFB[1];
-      var withA2a = function (compute, isM) {
-        if (!isM || !a2a) return compute;
-        return overlap ? Math.max(compute, a2a) : compute + a2a;
-      };
+      var withA2a = function (compute, isM) { return isM ? compute + a2a : compute; };
       var redo = {false: {none: 0, full: dense.F, selective: dense.F * self.selectiveShare(false)},
         true: {none: 0, full: moe.F, selective: moe.F * self.selectiveShare(true)}};
       var out = {}, n = layers.length, perGroup = split && recompute === "full";
@@ -1100,6 +1111,7 @@
         });
         if (st === n - 1) { f = f + head.F / (tp * cp); i = i + head.I / (tp * cp); w = w + head.W / (tp * cp); }
         out[st + "F"] = f; out[st + "I"] = i; out[st + "W"] = w; out[st + "B"] = i + w;
+        if (overlap) { out[st + "F_a2a"] = nMoe * a2a; out[st + "B_a2a"] = nMoe * a2a; }
       });
       return {costs: out, estimated: estimated};
     });
@@ -1313,7 +1325,7 @@
     var hopIntra = linkTime(req.intra, boundary), hopInter = linkTime(req.inter, boundary);
     var nodes = [];
     for (var r = 0; r < L.p; r++) nodes.push(nodeOf(r, L.dp * (L.cp || 1), L.tp, req.gpus_per_node));
-    var cost = c.actions.map(function (a) { return costs[a.stage + a.kind]; });
+    var cost = this.actionCosts(L.schedule, L.p, m, L.v, c, costs);
     var hop = c.actions.map(function (a, i) {
       return c.remote[i] ? (nodes[c.ranks[c.dep[i]]] === nodes[c.ranks[i]] ? hopIntra : hopInter) : 0;
     });
@@ -1330,6 +1342,21 @@
         from: c.remote[i] ? c.dep[i] : -1};
     });
     return out;
+  };
+
+  // port of _action_costs: each action's seconds, a DualPipeV pair's halves in pairSlots when overlapped
+  Planner.prototype.actionCosts = function (name, p, m, v, c, costs) {
+    var cost = c.actions.map(function (a) { return costs[a.stage + a.kind]; });
+    if (!(("0F_a2a") in costs)) return cost;
+    var paired = this.cached("overlapped", name + "|" + p + "|" + m + "|" + v, function () { return overlappedForwards(name, p, m); });
+    c.actions.forEach(function (a, i) {
+      if (paired[key3(a.stage, a.kind, a.microbatch)]) {
+        var bwd = c.actions[i + 1], af = costs[a.stage + "F_a2a"], ab = costs[bwd.stage + "B_a2a"];
+        var slots = pairSlots([cost[i] - af, af], [cost[i + 1] - ab, ab]);
+        cost[i] = slots[0]; cost[i + 1] = slots[1];
+      }
+    });
+    return cost;
   };
 
   // port of predict
@@ -1399,7 +1426,10 @@
       var split = SPLIT_BACKWARD.indexOf(L.schedule) >= 0, worst = -Infinity;
       for (var r = 0; r < L.p; r++) {
         var sum = 0;
-        self.owned(L, r).forEach(function (s) { sum += sc[s + "F"] + (split ? sc[s + "I"] + sc[s + "W"] : sc[s + "B"]); });
+        // a DualPipeV pair may hide its all-to-alls (pairSlots): the bound counts computation only there
+        self.owned(L, r).forEach(function (s) {
+          sum += sc[s + "F"] + (split ? sc[s + "I"] + sc[s + "W"] : sc[s + "B"]) - (sc[s + "F_a2a"] || 0) - (sc[s + "B_a2a"] || 0);
+        });
         worst = Math.max(worst, sum);
       }
       return worst;

@@ -248,10 +248,11 @@ def _zbv(rank: int, p: int, m: int) -> list[Action]:
     return [a for a in acts if a.microbatch < m]
 
 
-def _dualpipev(rank: int, p: int, m: int) -> list[Action]:
+def _dualpipev(rank: int, p: int, m: int, pairs: list[Action] | None = None) -> list[Action]:
     """torch's ScheduleDualPipeV (DeepSeek-V3's DualPipe cut in half): two stages per rank in a V;
     an overlapped forward-backward (``OVERLAP_F_B``) becomes its two sub-actions, F then B, which
-    torch's runtime runs one after the other."""
+    torch's runtime runs one after the other. The forward of each such pair is appended to
+    ``pairs`` when given (:func:`overlapped_forwards`)."""
     s0, s1 = rank, 2 * p - 1 - rank
     count: dict[tuple[int, str], int] = {}
     queue: list[tuple[int, int]] = []  # (stage, microbatch) of I passes whose W is pending
@@ -277,6 +278,8 @@ def _dualpipev(rank: int, p: int, m: int) -> list[Action]:
 
     def overlap(forward: int, backward: int) -> None:
         add(forward, "F")
+        if pairs is not None:
+            pairs.append(acts[-1])
         add(backward, "B")
 
     for _ in range((p - rank - 1) * 2):                      # 1: F0
@@ -306,6 +309,19 @@ def _dualpipev(rank: int, p: int, m: int) -> list[Action]:
     for _ in range(rank + 1):                                # 8: W0
         weight()
     return acts
+
+
+def overlapped_forwards(name: str, p: int, m: int, v: int = 2) -> frozenset[Action]:
+    """The forwards that torch's ``Schedule<name>`` runs in an ``OVERLAP_F_B`` pair (DualPipeV's
+    steady state; none for the other schedules): in :func:`order`, each is followed on its rank
+    by the backward it is paired with. Every other action of the order runs alone (DualPipeV's
+    warm-up forwards and cool-down backwards)."""
+    if name != "DualPipeV":
+        return frozenset()
+    pairs: list[Action] = []
+    for r in range(p):
+        _dualpipev(r, p, m, pairs)
+    return frozenset(a for a in pairs if a.microbatch < m)
 
 
 HAND_WRITTEN_ORDERS: dict[str, Callable[[int, int], Order]] = {"GPipe": gpipe_order, "1F1B": one_f_one_b_order}

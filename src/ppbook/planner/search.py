@@ -18,7 +18,9 @@ For each candidate :func:`predict` computes:
 - **time**: the schedule's order simulated (:func:`ppbook.planner.simulate.simulate`) with
   per-action costs (:mod:`ppbook.planner.costs`, divided by ``tp``, plus the tensor-parallel
   collectives, plus recomputation), hand-offs as latency + bytes / bandwidth over NVLink or the
-  network; then each rank's data-parallel traffic (:func:`ppbook.planner.traffic.data_parallel_bytes`),
+  network; an MoE action's all-to-alls in full, except in DualPipeV's overlapped pairs
+  (``overlap_f_b``), where each half's hide under the other's computation
+  (:func:`ppbook.planner.simulate.pair_slots`); then each rank's data-parallel traffic (:func:`ppbook.planner.traffic.data_parallel_bytes`),
   of which the part that overlaps the rank's own computation is hidden (see :func:`_dp_exposed`);
   then the optimizer's step, bound by memory bandwidth.
 
@@ -38,7 +40,7 @@ from ppbook.planner import costs, memory, schedules, shapes, traffic
 from ppbook.planner.fsdp_window import MAX_ACTIVE_STAGES, StageGroups, fsdp_step
 from ppbook.planner.hardware import GPU, Link
 from ppbook.planner.shapes import ModelShape, embedding_parameters, head_parameters, layer_parameters
-from ppbook.planner.simulate import Compiled, Event, compile_order, run
+from ppbook.planner.simulate import Compiled, Event, compile_order, pair_slots, run
 
 NO_PIPELINE = "none"  # p = 1: data parallelism alone, gradient accumulation over m microbatches
 BALANCES = ("even", "ends")
@@ -392,8 +394,7 @@ def _pipeline_run(name: str, p: int, m: int, v: int, stage_cost: tuple, hop_intr
     """(end of each rank's last action, each rank's busy seconds, span) of one simulated step.
     Cached: layouts that differ only in sharding simulate the same pipeline."""
     c = _compiled(name, p, m, v)
-    costs = dict(stage_cost)
-    cost = [costs[(a.stage, a.kind)] for a in c.actions]
+    cost = _action_costs(name, p, m, v, c, dict(stage_cost))
     hop = [(hop_intra if node_of_rank[c.ranks[c.dep[i]]] == node_of_rank[c.ranks[i]] else hop_inter)
            if c.remote[i] else 0.0 for i in range(len(c.actions))]
     start, end = run(c, cost, hop)
@@ -420,7 +421,7 @@ def timeline(layout: Layout, req: Request) -> list[Event]:
     c = _compiled(layout.schedule, layout.p, layout.m, layout.v)
     hop = [(hop_intra if nodes[c.ranks[c.dep[i]]] == nodes[c.ranks[i]] else hop_inter) if c.remote[i] else 0.0
            for i in range(len(c.actions))]
-    start, end = run(c, [stage_cost[(a.stage, a.kind)] for a in c.actions], hop)
+    start, end = run(c, _action_costs(layout.schedule, layout.p, layout.m, layout.v, c, stage_cost), hop)
     return [Event(r, a.stage, a.kind, a.microbatch, s, e) for a, r, s, e in zip(c.actions, c.ranks, start, end)]
 
 
@@ -540,10 +541,8 @@ def _stage_costs_cached(req: Request, tp: int, num_stages: int, balance: str, b:
             True: {"none": 0.0, "full": moe.F, "selective": moe.F * selective_share(shape, True)}}
 
     def with_a2a(compute: float, is_moe: bool) -> float:
-        # DualPipeV's overlap: the all-to-all runs while the paired microbatch computes; only what outlasts it shows
-        if not is_moe or not a2a:
-            return compute
-        return max(compute, a2a) if overlap else compute + a2a
+        # the action's own all-to-alls, in full; DualPipeV's pairs hide them under each other (_action_costs)
+        return compute + a2a if is_moe else compute
 
     per_group = split and recompute == "full"
     # one layer's seconds per pass, dense and MoE, and its weight pass with recomputation per group
@@ -565,7 +564,32 @@ def _stage_costs_cached(req: Request, tp: int, num_stages: int, balance: str, b:
         if s == n - 1:
             f, i, w = f + head.F / (tp * cp), i + head.I / (tp * cp), w + head.W / (tp * cp)
         out[(s, "F")], out[(s, "I")], out[(s, "W")], out[(s, "B")] = f, i, w, i + w
+        if overlap:  # the all-to-all seconds inside the forward and the backward (its I), for the pairs
+            out[(s, "F_a2a")] = out[(s, "B_a2a")] = n_moe * a2a
     return out, estimated
+
+
+def _action_costs(name: str, p: int, m: int, v: int, c: Compiled, costs: dict) -> list[float]:
+    """Seconds of every action of ``c``: its stage's cost for its kind, except in a DualPipeV pair
+    run overlapped (``costs`` holding the all-to-all seconds, ``F_a2a`` and ``B_a2a``), where the
+    forward and the backward that follows it take :func:`ppbook.planner.simulate.pair_slots`:
+    each half's all-to-alls hidden under the other half's computation. Unpaired actions (the
+    warm-up forwards, the cool-down backwards) pay their all-to-alls in full."""
+    cost = [costs[(a.stage, a.kind)] for a in c.actions]
+    if not any(k[1] == "F_a2a" for k in costs):
+        return cost
+    paired = _overlapped(name, p, m, v)
+    for i, a in enumerate(c.actions):
+        if a in paired:
+            bwd = c.actions[i + 1]
+            af, ab = costs[(a.stage, "F_a2a")], costs[(bwd.stage, "B_a2a")]
+            cost[i], cost[i + 1] = pair_slots((cost[i] - af, af), (cost[i + 1] - ab, ab))
+    return cost
+
+
+@functools.lru_cache(maxsize=1024)
+def _overlapped(name: str, p: int, m: int, v: int) -> frozenset:
+    return schedules.overlapped_forwards(name, p, m, v)
 
 
 def context_parallel_seconds(req: Request, b: int, tp: int, cp: int, recompute: str) -> tuple[float, float]:
@@ -960,8 +984,10 @@ def _busiest(req: Request, schedule: str, p: int, v: int, num_stages: int, balan
     probe = Layout(tp, p, 1, schedule, v, b, 1, "none", recompute, balance, ep, cp)
     stage_cost, _ = _stage_costs(probe, req, layers_of(probe, req))
     split = schedule in schedules.SPLIT_BACKWARD
+    # a DualPipeV pair may hide its all-to-alls (simulate.pair_slots): the bound counts computation only there
+    hidden = {s: stage_cost.get((s, "F_a2a"), 0.0) + stage_cost.get((s, "B_a2a"), 0.0) for s in range(num_stages)}
     return max(sum(stage_cost[(s, "F")] + (stage_cost[(s, "I")] + stage_cost[(s, "W")] if split else stage_cost[(s, "B")])
-                   for s in _owned(probe, r)) for r in range(p))
+                   - hidden[s] for s in _owned(probe, r)) for r in range(p))
 
 
 SLACK = 0.05  # the search lists the layouts within this fraction of the winner's step time

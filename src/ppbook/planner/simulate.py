@@ -107,6 +107,26 @@ def run(c: Compiled, cost: list[float], hop: list[float] | None = None,
     return start, end
 
 
+def pair_slots(f: tuple[float, float], b: tuple[float, float]) -> tuple[float, float]:
+    """The two slots of a DualPipeV pair (``OVERLAP_F_B``) run on a GPU as DeepSeek-V3's DualPipe
+    runs its forward-and-backward chunk pairs (DeepSeek-AI 2024, section 3.2.1), from each half's
+    ``(compute, all-to-all)`` seconds. The two computations share the GPU and take turns; while
+    one half computes, the other half's dispatch and combine run on the SMs set aside for
+    communication. So the forward's computation runs beside the backward's all-to-alls, and the
+    backward's computation beside the forward's:
+
+        pair = max(F compute, B all-to-all) + max(B compute, F all-to-all)
+
+    returned as (the forward's slot, the backward's slot). It is at least both computations
+    (``F compute + B compute``) and at least each half alone (compute plus its own
+    all-to-all, :func:`ppbook.overlap.pair_cost`'s terms): the form the chapter-13 pair takes when
+    the halves alternate by whole chunks, each layer's pieces in the same proportions. An action
+    outside a pair hides nothing: it pays its computation and its all-to-alls one after the
+    other."""
+    (cf, af), (cb, ab) = f, b
+    return max(cf, ab), max(cb, af)
+
+
 def simulate(order: Order, costs: Costs, latency: float | Callable[[Action, Action], float] = 0.0,
              overhead: float | Costs = 0.0) -> list[Event]:
     """Run ``order`` with the given per-action ``costs`` and point-to-point ``latency``; each
