@@ -1,6 +1,7 @@
 """GPUs and the links between them: presets from vendors' datasheets, or a reader's own numbers.
 
-Introduced in "Choosing a pipeline". A :class:`GPU` is its memory, its dense bf16 peak (without
+Introduced in "Choosing a pipeline". A :class:`GPU` is its memory (the bytes the device reports to
+the allocator, with where each figure comes from in :data:`MEMORY`), its dense bf16 peak (without
 structured sparsity) and its memory bandwidth; a :class:`Link` moves ``n`` bytes in
 ``latency + n / bandwidth`` seconds (the alpha-beta model of Hockney, 1994), with the bandwidth
 per GPU and per direction. The latencies are assumptions of the right order, not measurements:
@@ -20,7 +21,7 @@ INTER_DEFAULT = "ib-ndr400"  # the network of a GPU given without one
 @dataclass(frozen=True)
 class GPU:
     name: str
-    memory_gb: float       # as sold (decimal gigabytes)
+    memory_gb: float       # the bytes the device reports to the allocator, in decimal GB (1e9 bytes): see MEMORY
     bf16_tflops: float     # dense peak, without sparsity
     hbm_tb_s: float        # memory bandwidth
     nvlink: str            # the intra-node link preset of its usual server
@@ -61,18 +62,45 @@ class Link:
 
 
 _DS = "NVIDIA {} datasheet"
+GiB = 2 ** 30
+# Each preset's memory is the bytes the device reports to the allocator (torch.cuda.get_device_properties(0)
+# .total_memory, the "total capacity" of torch's out-of-memory message), not the "80 GB" it is sold as: an
+# H100 80GB reports 79.11 GiB = 84.9e9 bytes, not 80e9 (nvidia-smi shows 81559 MiB, part of it the driver's).
+# Where no reported figure was found, the datasheet's gigabytes are taken as GiB of HBM (as HBM is built), and
+# the source says so. The planner keeps Request.headroom (10% unless given) of these bytes free for the CUDA
+# context, NCCL's buffers and fragmentation: usable = memory_gb * 1e9 * (1 - headroom).
+MEMORY: dict[str, tuple[float, str]] = {  # preset: (bytes, where the figure comes from)
+    "a100-40gb": (42298834944, "reported: cudaGetDeviceProperties on an A100-SXM4-40GB, 42298834944 bytes "
+                               "(deviceQuery in bottlerocket-os/bottlerocket#3873)"),
+    "a100-80gb": (80 * GiB, "no reported figure: the datasheet's 80 GB taken as 80 GiB of HBM2e"),
+    "h100-sxm": (79.11 * GiB, "reported: torch's total capacity on an H100 80GB, 79.11 GiB "
+                              "(vllm-project/vllm#27508); this project's lent H100 is described as about 78 GiB"),
+    "h100-pcie": (80 * GiB, "no reported figure: the datasheet's 80 GB taken as 80 GiB of HBM2e"),
+    "h800": (80 * GiB, "no reported figure: the 80 GB as sold taken as 80 GiB of HBM3"),
+    "h200": (139 * GiB, "reported: this project's lent H200, described by its device tool as about 139 GiB of GPU memory "
+                        "(the datasheet sells 141 GB)"),
+    "b200": (180 * GiB, "no reported figure: the datasheet's 180 GB taken as 180 GiB of HBM3e"),
+    "mi300x": (192 * GiB, "no reported figure: the data sheet's 192 GB taken as 192 GiB of HBM3"),
+}
+
+
+def _gb(name: str) -> float:
+    """A preset's reported memory in decimal GB."""
+    return MEMORY[name][0] / 1e9
+
+
 # The network of each GPU's usual server: DGX A100's HDR InfiniBand (200 Gb/s per GPU), DGX H100's,
 # H200's and B200's ConnectX-7 (NDR, 400 Gb/s per GPU; DeepSeek's H800 cluster likewise), and the
 # 400 GbE RoCE adapters of MI300X platforms.
 GPUS: dict[str, GPU] = {g.name: g for g in [
-    GPU("a100-40gb", 40, 312, 1.555, "nvlink-a100", _DS.format("A100 Tensor Core GPU (SXM4 40GB)"), "ib-hdr200"),
-    GPU("a100-80gb", 80, 312, 2.039, "nvlink-a100", _DS.format("A100 Tensor Core GPU (SXM4 80GB)"), "ib-hdr200"),
-    GPU("h100-sxm", 80, 989, 3.35, "nvlink-h100", _DS.format("H100 Tensor Core GPU (SXM5)"), "ib-ndr400"),
-    GPU("h100-pcie", 80, 756, 2.0, "pcie-gen5", _DS.format("H100 Tensor Core GPU (PCIe)"), "ib-ndr400"),
-    GPU("h800", 80, 989, 3.35, "nvlink-h800", "NVIDIA H800 (SXM5): H100 compute, NVLink at 400 GB/s", "ib-ndr400"),
-    GPU("h200", 141, 989, 4.8, "nvlink-h100", _DS.format("H200 Tensor Core GPU (SXM)"), "ib-ndr400"),
-    GPU("b200", 180, 2250, 8.0, "nvlink-b200", _DS.format("HGX B200 / DGX B200"), "ib-ndr400"),
-    GPU("mi300x", 192, 1307, 5.3, "xgmi-mi300x", "AMD Instinct MI300X data sheet", "roce-400g"),
+    GPU("a100-40gb", _gb("a100-40gb"), 312, 1.555, "nvlink-a100", _DS.format("A100 Tensor Core GPU (SXM4 40GB)"), "ib-hdr200"),
+    GPU("a100-80gb", _gb("a100-80gb"), 312, 2.039, "nvlink-a100", _DS.format("A100 Tensor Core GPU (SXM4 80GB)"), "ib-hdr200"),
+    GPU("h100-sxm", _gb("h100-sxm"), 989, 3.35, "nvlink-h100", _DS.format("H100 Tensor Core GPU (SXM5)"), "ib-ndr400"),
+    GPU("h100-pcie", _gb("h100-pcie"), 756, 2.0, "pcie-gen5", _DS.format("H100 Tensor Core GPU (PCIe)"), "ib-ndr400"),
+    GPU("h800", _gb("h800"), 989, 3.35, "nvlink-h800", "NVIDIA H800 (SXM5): H100 compute, NVLink at 400 GB/s", "ib-ndr400"),
+    GPU("h200", _gb("h200"), 989, 4.8, "nvlink-h100", _DS.format("H200 Tensor Core GPU (SXM)"), "ib-ndr400"),
+    GPU("b200", _gb("b200"), 2250, 8.0, "nvlink-b200", _DS.format("HGX B200 / DGX B200"), "ib-ndr400"),
+    GPU("mi300x", _gb("mi300x"), 1307, 5.3, "xgmi-mi300x", "AMD Instinct MI300X data sheet", "roce-400g"),
 ]}
 
 LINKS: dict[str, Link] = {k.name: k for k in [
