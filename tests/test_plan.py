@@ -826,12 +826,12 @@ def test_a_presets_memory_is_the_bytes_its_device_reports_less_the_headroom():
     assert set(hardware.MEMORY) == set(hardware.GPUS)
     for name, g in hardware.GPUS.items():
         nbytes, source = hardware.MEMORY[name]
-        assert g.memory_gb * 1e9 == pytest.approx(nbytes, rel=1e-12) and source
+        assert abs(g.memory_gb * 1e9 - nbytes) <= 5e6 and source  # to 10 MB, as the page shows it
         assert source.startswith("reported: ") or source.startswith("no reported figure: "), source
     h100 = hardware.MEMORY["h100-sxm"][0]
     assert h100 == pytest.approx(79.11 * 2 ** 30) and 84.9e9 < h100 < 85.0e9  # not 80e9
     assert hardware.MEMORY["a100-40gb"][0] == 42298834944
     req = request()
     assert req.headroom == 0.1
-    assert req.usable_bytes == pytest.approx(h100 * 0.9, rel=1e-12)
-    assert request(gpu=hardware.GPUS["a100-80gb"]).usable_bytes == pytest.approx(80 * 2 ** 30 * 0.9, rel=1e-12)
+    assert req.usable_bytes == pytest.approx(h100 * 0.9, abs=5e6)  # the preset to 10 MB
+    assert request(gpu=hardware.GPUS["a100-80gb"]).usable_bytes == pytest.approx(80 * 2 ** 30 * 0.9, abs=5e6)

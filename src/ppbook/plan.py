@@ -337,7 +337,7 @@ def header(req: search.Request, ranked: list[search.Prediction] | None = None) -
         times = estimate
     lines = [f"model {m.name}: {params / 1e9:.2f}B parameters" + (f" ({active / 1e9:.1f}B active)" if m.moe else "")
              + f", {m.layers} layers, hidden {m.hidden}",
-             f"{req.gpus} x {req.gpu.name} ({req.gpu.memory_gb:g} GB, {req.gpu.bf16_tflops:g} TFLOP/s bf16), "
+             f"{req.gpus} x {req.gpu.name} ({req.gpu.memory_gb:.1f} GB, {req.gpu.bf16_tflops:g} TFLOP/s bf16), "
              f"{req.gpus_per_node} per node; links {req.intra.name} / {req.inter.name}",
              f"batch {req.global_batch} x {req.seq_len} tokens; usable memory {req.usable_bytes / GB:.1f} GB per GPU",
              "times printed: " + calibration.band_for(req.gpu.name).describe(),

@@ -85,8 +85,9 @@ MEMORY: dict[str, tuple[float, str]] = {  # preset: (bytes, where the figure com
 
 
 def _gb(name: str) -> float:
-    """A preset's reported memory in decimal GB."""
-    return MEMORY[name][0] / 1e9
+    """A preset's reported memory in decimal GB, to 10 MB (what a reader reads and types: 84.94, not
+    84.9437156966)."""
+    return round(MEMORY[name][0] / 1e9, 2)
 
 
 # The network of each GPU's usual server: DGX A100's HDR InfiniBand (200 Gb/s per GPU), DGX H100's,
