@@ -198,3 +198,12 @@ def test_launch_checker_fails_on_a_silent_launch():
     shower = "def show(run):\n    print(run.reader_command)"
     assert launches_without_command(page(wrapper, shower, "a = go(1)\nshow(a)")) == []
     assert launches_without_command(page("print(launch.torchrun('x.py').reader_command)")) == []
+
+
+@pytest.mark.parametrize("page", sorted((ROOT / "book").glob("*.md")), ids=lambda p: p.name)
+def test_collapsed_blocks_are_admonitions(page):
+    """A collapsed block is an admonition with ``:class: dropdown``: sphinx-design's ``{dropdown}``
+    renders on the site but stops `make pdf`'s single-page build ("unknown node type:
+    dropdown_title")."""
+    found = re.findall(r"^\s*(?:`{3,}|:{3,})\{dropdown\}", page.read_text(), re.M)
+    assert not found, f"{page.name}: write {{admonition}} Title with :class: dropdown instead of {{dropdown}}"
