@@ -69,7 +69,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def validate(args: argparse.Namespace, world_size: int) -> None:
-    if args.microbatches < 1 or args.rows % args.microbatches:
+    if args.microbatches < 1:
+        raise ValueError(f"--microbatches must be at least 1, got {args.microbatches}")
+    if args.rows < 1 or args.rows % args.microbatches:
         raise ValueError(f"--rows {args.rows} must be a positive multiple of --microbatches {args.microbatches}: "
                          f"the schedule cuts the rows into equal microbatches; try --rows {2 * args.microbatches}")
     if args.seq_len < 8 or args.seq_len > 256:

@@ -110,6 +110,8 @@ def test_three_ranks_in_a_ring_of_groups():
 
 def test_the_mode_is_one_variable_and_the_launcher_puts_its_hook_first():
     assert nccl_rules.asked({"PPBOOK_NCCL_RULES": "1"}) and not nccl_rules.asked({"PPBOOK_NCCL_RULES": "0"})
+    with pytest.raises(ValueError, match="PPBOOK_NCCL_RULES='maybe' is neither on nor off"):
+        nccl_rules.asked({"PPBOOK_NCCL_RULES": "maybe"})
     env = launch.started_env({"PPBOOK_NCCL_RULES": "1", "PYTHONPATH": "/x"})
     assert env["PYTHONPATH"].split(":") == [nccl_rules.site_folder(), "/x"]
     assert launch.started_env({"PYTHONPATH": "/x"})["PYTHONPATH"] == "/x"

@@ -13,6 +13,8 @@ import sys
 import time
 from typing import TYPE_CHECKING, Callable
 
+from ppbook import nccl_rules
+
 if TYPE_CHECKING:
     from ppbook import dist as ppdist
 
@@ -118,6 +120,7 @@ def run(script: str, args: argparse.Namespace, validate: Callable[[argparse.Name
     """
     try:
         validate(args, int(os.environ.get("WORLD_SIZE", "1")))
+        nccl_rules.asked()  # a PPBOOK_NCCL_RULES that is neither on nor off is bad input too
     except ValueError as err:
         rank = int(os.environ.get("RANK", "0"))
         if rank == 0:  # every rank fails the same check at once: one prints, so lines cannot interleave

@@ -50,9 +50,14 @@ _SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nccl_rules_sit
 
 
 def asked(environ=None) -> bool:
-    """Whether ``PPBOOK_NCCL_RULES`` asks for the mode (1, true, yes, on)."""
+    """Whether ``PPBOOK_NCCL_RULES`` asks for the mode (1, true, yes, on; unset, 0, false, no, off:
+    not); any other value is refused in one line rather than read as off."""
     environ = os.environ if environ is None else environ
-    return environ.get(ENV, "").strip().lower() in ("1", "true", "yes", "on")
+    value = environ.get(ENV, "").strip().lower()
+    if value not in ("1", "true", "yes", "on", "", "0", "false", "no", "off"):
+        raise ValueError(f"{ENV}={environ[ENV]!r} is neither on nor off: set it to 1 to hold gloo to NCCL's "
+                         "rules, or 0 for gloo as it is")
+    return value in ("1", "true", "yes", "on")
 
 
 def site_folder() -> str:
