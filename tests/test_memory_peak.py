@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from helpers.live_bytes import LiveBytes, train_06_peaks
-from ppbook import memory, recompute
+from ppbook import launch, memory, recompute
 from ppbook.models import LlamaConfig, build_model
 from ppbook.planner import memory as pm
 from ppbook.planner.shapes import ModelShape
@@ -32,23 +32,21 @@ SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B"}
 
 def recorded_runs() -> list[dict]:
     """mem.json's rows, each with the configuration 06_train.py ran (its LlamaConfig, schedule,
-    microbatches and microbatch size) parsed from the recorded command line."""
+    microbatches and microbatch size) as the script reads its recorded command line."""
+    script = launch.load_script("06_train.py")
     rows = json.loads((RECORD / "mem.json").read_text())
     for row in rows:
-        a = dict(zip(row["argv"][::2], row["argv"][1::2]))
-        dim = int(a["--dim"])
-        row["cfg"] = LlamaConfig(vocab_size=int(a["--vocab"]), dim=dim, n_layers=int(a["--layers"]),
-                                 n_heads=int(a["--heads"]), n_kv_heads=int(a["--kv-heads"]),
-                                 ffn_hidden_dim=-(-8 * dim // 3 // 16) * 16, max_seq_len=int(a["--seq-len"]))
-        row["m"] = int(a["--microbatches"])
-        row["b"] = int(a["--batch-size"]) // row["m"]
-        row["seq"] = int(a["--seq-len"])
-        row["schedule"] = SCHEDULES[a["--schedule"]]
+        args = script.parse_args(row["argv"])
+        row["cfg"] = script.llama_config(args)
+        row["m"], row["b"], row["seq"] = args.microbatches, args.batch_size // args.microbatches, args.seq_len
+        row["schedule"] = SCHEDULES[args.schedule]
     return rows
 
 
 def predicted(row: dict, weight_casts: str = "autocast") -> float:
-    return memory.predict_peak(row["cfg"], row["schedule"], row["m"], row["b"], row["seq"], weight_casts).total
+    total = memory.predict_peak(row["cfg"], row["schedule"], row["m"], row["b"], row["seq"], weight_casts).total
+    assert memory.predict_train_peak(row["argv"], weight_casts).total == total
+    return total
 
 
 # --- against the GPU record ------------------------------------------------------------------------------------------

@@ -251,3 +251,16 @@ def predict_peak(cfg: LlamaConfig, schedule: str, m: int, microbatch_size: int, 
     adding up to the total) and the ``moment`` of the step where the peak falls. The walk and every
     part are :func:`ppbook.planner.memory.training_peak`'s."""
     return pm.training_peak(shape_of(cfg), schedule, m, microbatch_size, seq_len, weight_casts, device, optimizer)
+
+
+def predict_train_peak(argv: list[str], weight_casts: str = "autocast", device: str = "cuda") -> pm.Peak:
+    """:func:`predict_peak` for ``scripts/06_train.py`` run at one stage with the command-line
+    arguments ``argv`` (its model, batch, microbatches and schedule, read by the script's own
+    ``parse_args`` and ``llama_config``), as the GPU record's ``mem.json`` lists its runs."""
+    from ppbook import launch
+
+    script = launch.load_script("06_train.py")
+    args = script.parse_args(argv)
+    schedule = {"gpipe": "GPipe", "1f1b": "1F1B"}.get(args.schedule, args.schedule)
+    return predict_peak(script.llama_config(args), schedule, args.microbatches, args.batch_size // args.microbatches,
+                        args.seq_len, weight_casts, device)
