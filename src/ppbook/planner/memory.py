@@ -512,7 +512,10 @@ def weight_copy_bytes(cast_params: float, weight_casts: str, in_flight: int = 1)
       the copies stay referenced by that microbatch's saved graph until its backward: one copy
       per microbatch in flight.
     - ``per-step``: bf16 compute copies made once per step, float32 masters in the optimizer,
-      kept from step to step (``cast_params`` then counts every parameter)."""
+      kept from step to step (``cast_params`` then counts every parameter). The passes then run
+      in bf16 throughout: activations are the ``book`` count at 2 bytes (what ``costs.json``
+      measured), the gradients accumulate in float32 and the loss keeps float32 log-probabilities,
+      as the planner's default recipe counts them."""
     if weight_casts not in WEIGHT_CASTS:
         raise ValueError(f"unknown weight_casts {weight_casts!r}; use one of {', '.join(WEIGHT_CASTS)}")
     return 2.0 * cast_params * (in_flight if weight_casts == "per-microbatch" else 1)
