@@ -168,6 +168,9 @@ def test_a_block_under_autocast_saves_what_the_count_says(name):
     assert kept == sum(t for _, t in want)
     per_token = pm.layer_activation_bytes(shape, B * T, 2, "book", weight_casts="autocast")
     assert kept == per_token + 4 * T * shape.hd  # + the rotary tables' bf16 copies
+    # the last stage's per-token count adds the final norm as final_norm_tensors lists it
+    last = pm.stage_activation_bytes(shape, [0], B * T, False, True, 2, "book", weight_casts="autocast")
+    assert last == per_token + sum(t for _, t in pm.final_norm_tensors(shape, B * T, "autocast"))
     # whole-block recomputation keeps the float32 input alone
     assert pm.layer_activation_bytes(shape, B * T, 2, "book", "full", weight_casts="autocast") == 4 * B * T * cfg.dim
 
