@@ -1,7 +1,8 @@
 """How much memory training a model takes, and how many devices that state alone needs.
 
 Introduced in chapter 0 ("Why models outgrow one device"); "Choosing a pipeline" and the
-schedules chapter use the rest.
+schedules chapter use the rest; chapter 11 ("On real GPUs") sets :func:`predict_peak`, the peak of a
+whole training step, beside what the allocator measured.
 
 Mixed-precision training with Adam keeps, per parameter (Rajbhandari et al., ZeRO, 2020):
 2 bytes of bf16/fp16 weights, 2 bytes of gradients, and 12 bytes of fp32 optimizer state
@@ -224,3 +225,42 @@ def peak_activation_bytes(order, per_microbatch: dict[int, int], residual: dict[
             held[key] = held.get(key, 0) + delta
             peak[key] = max(peak.get(key, 0), held[key])
     return dict(sorted(peak.items()))
+
+
+# ---------------------------------------------------------------------------------------------
+# The peak of a training step, against the allocator (chapter 11, "On real GPUs")
+# ---------------------------------------------------------------------------------------------
+WEIGHT_CASTS = pm.WEIGHT_CASTS
+
+
+def predict_peak(cfg: LlamaConfig, schedule: str, m: int, microbatch_size: int, seq_len: int,
+                 weight_casts: str = "per-step", device: str = "cuda", optimizer: str | None = None) -> pm.Peak:
+    """The peak ``torch.cuda.max_memory_allocated`` of ``scripts/06_train.py`` training the book's
+    Llama at ``cfg`` at one stage (``schedule`` ``GPipe`` or ``1F1B``; ``none``: a plain loop over the
+    ``m`` microbatches), with ``m`` microbatches of ``microbatch_size`` sequences of ``seq_len``
+    tokens, in bf16 with float32 masters and AdamW, from its second step on.
+
+    ``weight_casts`` says how the passes get bf16 weights (:data:`WEIGHT_CASTS`,
+    :func:`ppbook.planner.memory.weight_copy_bytes`): ``autocast``, float32 weights under one
+    autocast region per step, is how the first GPU record's runs trained (H200, 2026-11-28,
+    ``data/gpu/h200-2026-11-28/mem.json``); ``per-step``, bf16 compute copies made once per step,
+    is what the planner's default recipe counts. ``device="cpu"`` counts what the CPU allocates (no
+    allocator rounding, no cuBLAS workspace, AdamW a tensor at a time), which the tests measure.
+
+    Returns a :class:`~ppbook.planner.memory.Peak`: ``total`` bytes, ``parts`` (name to bytes,
+    adding up to the total) and the ``moment`` of the step where the peak falls. The walk and every
+    part are :func:`ppbook.planner.memory.training_peak`'s."""
+    return pm.training_peak(shape_of(cfg), schedule, m, microbatch_size, seq_len, weight_casts, device, optimizer)
+
+
+def predict_train_peak(argv: list[str], weight_casts: str = "autocast", device: str = "cuda") -> pm.Peak:
+    """:func:`predict_peak` for ``scripts/06_train.py`` run at one stage with the command-line
+    arguments ``argv`` (its model, batch, microbatches and schedule, read by the script's own
+    ``parse_args`` and ``llama_config``), as the GPU record's ``mem.json`` lists its runs."""
+    from ppbook import launch
+
+    script = launch.load_script("06_train.py")
+    args = script.parse_args(argv)
+    schedule = {"gpipe": "GPipe", "1f1b": "1F1B"}.get(args.schedule, args.schedule)
+    return predict_peak(script.llama_config(args), schedule, args.microbatches, args.batch_size // args.microbatches,
+                        args.seq_len, weight_casts, device)

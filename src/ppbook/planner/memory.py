@@ -52,12 +52,26 @@ With tensor parallelism and sequence parallelism (Korthikanti et al. 2022, as Me
 torchtitan run it today) every saved activation is divided by ``tp``; without sequence
 parallelism (before 2022) the norms' inputs, the inputs of attention and of the MLP and the
 dropout masks are held whole on every tensor-parallel rank (:func:`replicated_values`).
+
+**A training step's peak, against the allocator** (chapter 11; issue 48). :func:`training_peak`
+walks one stage's step action by action as the book's ``scripts/06_train.py`` runs it and counts
+every tensor alive at each backward and at the optimizer step: it predicts the first GPU record's
+four peaks of ``torch.cuda.max_memory_allocated`` within 1% and ``06_train.py``'s peak on the CPU to
+the byte (``tests/test_memory_peak.py``). How the passes get bf16 weights is an input
+(:data:`WEIGHT_CASTS`): that record trained float32 weights under autocast, whose activations are
+:func:`autocast_layer_values`. The planner counts the same parts for the arrangement it assumes,
+bf16 compute copies beside float32 masters (its default recipe ``bf16``, the ``book`` or fused
+counts at 2 bytes, float32 log-probabilities), as torchtitan runs it: a fused AdamW (no
+temporaries, :func:`optimizer_step_bytes`), the schedule's outputs not kept
+(``return_outputs=False``), and gradients counted at every peak (a conservative bound: before a
+step's first backward none exists). cuBLAS's workspaces and the allocator's rounding and
+fragmentation are in its ``headroom``.
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from ppbook.planner import shapes
 from ppbook.planner.shapes import ModelShape, embedding_parameters, head_parameters, layer_parameters
@@ -66,6 +80,10 @@ GB = 1e9  # vendors quote device memory in decimal gigabytes ("80 GB")
 SHARDING = ("none", "zero1", "zero2", "fsdp")
 RECOMPUTE = ("none", "selective", "full")
 KERNELS = ("fused", "unfused", "book")
+# How bf16 training gets bf16 weights for its passes (see :func:`weight_copy_bytes`): float32 weights under one
+# autocast region per step (the book's scripts until issue 48, the first GPU record), an autocast region per
+# microbatch, or bf16 compute copies made once per step beside float32 masters.
+WEIGHT_CASTS = ("autocast", "per-microbatch", "per-step")
 
 
 @dataclass(frozen=True)
@@ -217,16 +235,22 @@ def kernels_problem(shape: ModelShape, kernels: str) -> str | None:
 
 
 def layer_activation_values(shape: ModelShape, kernels: str = "fused", recompute: str = "none",
-                            moe_layer: bool = False, seq_len: int = 0) -> tuple[float, float]:
+                            moe_layer: bool = False, seq_len: int = 0,
+                            weight_casts: str = "per-step") -> tuple[float, float]:
     """(values in the activation dtype, values in float32) one layer saves per token for its
     backward. See the module docstring for what each accounting counts.
 
     ``selective`` is the policy of torchtitan's per-op selective checkpointing: inside each
     block, keep the outputs of attention and of every other matrix product (the first, third,
     ...: for a Llama block the query, value, gate and down projections) and recompute the rest.
+
+    ``weight_casts`` other than ``per-step`` (float32 weights under autocast, the book's
+    ``LlamaBlock`` only): :func:`autocast_layer_values`.
     """
     if kernels not in KERNELS or recompute not in RECOMPUTE:
         raise ValueError(f"kernels must be one of {KERNELS} and recompute one of {RECOMPUTE}")
+    if weight_casts != "per-step":
+        return autocast_layer_values(shape, kernels, recompute, weight_casts)
     h = shape.hidden
     q, k, v, out = attention_widths(shape)
     width = shape.expert_ffn if moe_layer else shape.ffn
@@ -278,10 +302,12 @@ def values_bytes(values: tuple[float, float], tokens: int, dtype_bytes: int) -> 
 
 
 def layer_activation_bytes(shape: ModelShape, tokens: int, dtype_bytes: int = 2, kernels: str = "fused",
-                           recompute: str = "none", moe_layer: bool = False, seq_len: int = 0) -> float:
+                           recompute: str = "none", moe_layer: bool = False, seq_len: int = 0,
+                           weight_casts: str = "per-step") -> float:
     """Bytes one layer saves for ``tokens`` tokens (microbatch size x sequence length; the
     sequence length matters only where attention keeps its scores)."""
-    return values_bytes(layer_activation_values(shape, kernels, recompute, moe_layer, seq_len), tokens, dtype_bytes)
+    return values_bytes(layer_activation_values(shape, kernels, recompute, moe_layer, seq_len, weight_casts), tokens,
+                        dtype_bytes)
 
 
 def recompute_transient_bytes(shape: ModelShape, tokens: int, dtype_bytes: int = 2, kernels: str = "fused",
@@ -311,21 +337,29 @@ def loss_backward_bytes(shape: ModelShape, tokens: int, loss_dtype_bytes: int = 
 
 def stage_activation_bytes(shape: ModelShape, layers: list[int], tokens: int, first: bool, last: bool,
                            dtype_bytes: int = 2, kernels: str = "fused", recompute: str = "none",
-                           seq_len: int = 0) -> float:
+                           seq_len: int = 0, weight_casts: str = "per-step") -> float:
     """Bytes one stage saves for one microbatch between its forward and its backward: its
     ``layers`` (indices into the model, so MoE and dense layers count as they are), on the first
     stage the token ids the embedding keeps (int64), on the last the final norm (outside every
     block, so kept whatever the recomputation: the book's unfused norm keeps its input, ``x * rsqrt``,
     its output and ``rsqrt``; a fused one its input and ``rsqrt``, and the output head keeps the
-    norm's output, its own input). Logits are not here: :func:`logits_bytes`."""
+    norm's output, its own input). Logits are not here: :func:`logits_bytes`. Under autocast
+    (``weight_casts``, :func:`autocast_layer_values`) the final norm keeps its float32 input,
+    ``x * rsqrt`` and ``rsqrt``, and the head its own bf16 copy of the norm's output."""
     moe = sum(1 for i in layers if shape.moe and i >= shape.dense_layers)
-    total = (len(layers) - moe) * layer_activation_bytes(shape, tokens, dtype_bytes, kernels, recompute, False, seq_len)
+    total = (len(layers) - moe) * layer_activation_bytes(shape, tokens, dtype_bytes, kernels, recompute, False, seq_len,
+                                                         weight_casts)
     if moe:
         total += moe * layer_activation_bytes(shape, tokens, dtype_bytes, kernels, recompute, True, seq_len)
     if first:
         total += tokens * 8
     if last:
-        norm = (3 * shape.hidden + 1, 0) if kernels == "book" else (2 * shape.hidden, 1 if shape.norm == "rms" else 2)
+        if weight_casts != "per-step":
+            norm = (shape.hidden, 2 * shape.hidden + 1)
+        elif kernels == "book":
+            norm = (3 * shape.hidden + 1, 0)
+        else:
+            norm = (2 * shape.hidden, 1 if shape.norm == "rms" else 2)
         total += values_bytes(norm, tokens, dtype_bytes)
     return total
 
@@ -356,3 +390,281 @@ def training_state_bytes(params: float, recipe: str = "bf16-grads") -> float:
     (chapter 0's count: 16 bytes per parameter in ZeRO's accounting)."""
     r = RECIPES[recipe]
     return params * (r.weight_bytes + r.grad_bytes + r.optimizer_bytes)
+
+
+# --- the book's own training step, moment by moment (issue 48: the first GPU record) ---------------------
+
+MiB = 2 ** 20
+# torch's CUDA caching allocator (c10/cuda/CUDACachingAllocator.cpp): every block a multiple of 512 bytes; a
+# request of 10 MiB or more gets a segment of its own rounded up to 2 MiB, and a block whose remainder is 1 MiB or
+# less is not split: ``memory_allocated`` counts the whole block.
+ALLOC_MIN_BLOCK, ALLOC_SMALL, ALLOC_MIN_LARGE, ALLOC_ROUND_LARGE = 512, MiB, 10 * MiB, 2 * MiB
+# cuBLAS's workspace on Hopper (torch's CUDABlas default ``:4096:8``), allocated through the caching allocator, one
+# per thread that runs matrix products: the forward's and autograd's device thread. The first GPU record's runs
+# leave exactly these two allocated when everything else is freed (``pipeline_allocated_after``).
+CUBLAS_WORKSPACE_BYTES, CUBLAS_WORKSPACES = 32 * MiB, 2
+# cuDNN's attention (torch's choice for bf16 on an H200) saves, beside q, k, v, its output and the log-sum-exp,
+# two int64 scalars of its random-number state: 512 bytes each once allocated (data/gpu costs.json: every block
+# row is the count plus 1024 bytes). The CPU's flash attention saves none.
+ATTENTION_RNG_TENSORS = {"cuda": 2, "cpu": 0}
+DEVICES = ("cuda", "cpu")
+OPTIMIZERS = ("foreach", "for-loop", "fused")
+
+
+def allocated_size(nbytes: float, device: str = "cuda") -> float:
+    """Bytes the allocator's ``memory_allocated`` counts for a tensor of ``nbytes`` (see
+    :data:`ALLOC_MIN_BLOCK`): on a GPU, rounded up to 512 bytes, and a tensor of 10 MiB or more
+    given its own segment rounded up to 2 MiB, kept whole when 1 MiB or less is left over (what
+    the first step's allocations do; later steps reuse those blocks). On the CPU, ``nbytes``."""
+    if device == "cpu" or nbytes <= 0:
+        return float(max(nbytes, 0))
+    size = -(-nbytes // ALLOC_MIN_BLOCK) * ALLOC_MIN_BLOCK
+    if size >= ALLOC_MIN_LARGE:
+        segment = -(-size // ALLOC_ROUND_LARGE) * ALLOC_ROUND_LARGE
+        if segment - size <= ALLOC_SMALL:
+            return float(segment)
+    return float(size)
+
+
+def autocast_layer_values(shape: ModelShape, kernels: str = "book", recompute: str = "none",
+                          weight_casts: str = "autocast") -> tuple[float, float]:
+    """(bf16 values, float32 values) per token that the book's ``LlamaBlock`` saves when its
+    weights are float32 and its passes run under ``torch.autocast`` to bfloat16 (``weight_casts``
+    ``autocast`` or ``per-microbatch``; the first GPU record's runs). The residual stream stays
+    float32 (a float32 input plus a bf16 branch is float32), and every matrix product casts its
+    float32 input to a bf16 copy of its own, which its backward keeps::
+
+        bf16    10 h + 4 f  the bf16 copies of the attention norm's output for wq, wk, wv (3), SDPA's
+                            q, k, v (keys and values repeated to every head) and output, wo's input,
+                            the copies of the MLP norm's output for w1 and w3 (2); SwiGLU's w1 output,
+                            silu's output, w3's output and w2's input
+        float32 4 h + 2 + H the block's input and the residual after attention (each norm's input),
+                            each norm's x * rsqrt and rsqrt, and SDPA's log-sum-exp per head
+
+    Counted tensor by tensor in :func:`book_block_tensors`; ``tests/test_memory_autocast.py``
+    checks both against what autograd saves under the CPU's autocast, whose casting rules for
+    these operators are the GPU's (matrix products and attention to bf16, ``pow`` and ``rsqrt``
+    of a float32 input stay float32). Whole-block recomputation keeps the float32 input alone."""
+    if weight_casts not in WEIGHT_CASTS:
+        raise ValueError(f"unknown weight_casts {weight_casts!r}; use one of {', '.join(WEIGHT_CASTS)}")
+    if kernels != "book" or recompute not in ("none", "full"):
+        raise ValueError(f"float32 weights under autocast are counted for the book's own block (kernels 'book') "
+                         f"without recomputation or with 'full', not kernels {kernels!r}, recompute {recompute!r}")
+    h, f = shape.hidden, shape.ffn
+    if recompute == "full":
+        return 0.0, float(h)
+    return 10 * h + 4 * f, 4 * h + 2 + shape.heads
+
+
+def book_block_tensors(shape: ModelShape, microbatch_size: int, seq_len: int, weight_casts: str = "per-step",
+                       device: str = "cuda", rope_copies: bool = True) -> list[tuple[str, int]]:
+    """(name, bytes) of every tensor one book ``LlamaBlock`` keeps for its backward for one
+    microbatch of ``microbatch_size`` sequences of ``seq_len`` tokens: its input included, as in
+    :func:`layer_activation_values` (whose ``book`` count, times the tokens, these add up to, plus
+    the rotary tables' copies and the attention kernel's random-number state, which do not grow with
+    the tokens). ``per-step``: bf16 weights and activations; otherwise float32 weights under
+    autocast (:func:`autocast_layer_values`). ``rope_copies``: the rotary tables are float32
+    buffers, so each ``apply_rope`` casts ``cos`` and ``sin`` to bf16 and keeps the copies (two
+    calls, q and k: four tables of ``seq_len x head_dim / 2``)."""
+    n, h, f, heads = microbatch_size * seq_len, shape.hidden, shape.ffn, shape.heads
+    qkv = heads * shape.hd
+    wide = 2 if weight_casts == "per-step" else 4  # the residual stream's bytes per value
+    out = [("block input", n * h * wide)]
+    for norm, inputs in (("attention", ("wq", "wk", "wv")), ("MLP", ("w1", "w3"))):
+        if norm == "MLP":
+            out.append(("residual after attention", n * h * wide))
+        out += [(f"{norm} norm x * rsqrt", n * h * wide), (f"{norm} norm rsqrt", n * wide)]
+        if weight_casts == "per-step":
+            out.append((f"{norm} norm output", n * h * 2))
+        else:
+            out += [(f"bf16 copy of the {norm} norm output for {w}", n * h * 2) for w in inputs]
+        if norm == "attention":
+            if rope_copies:
+                out += [(f"rotary {t} copy for {x}", seq_len * shape.hd) for x in ("q", "k") for t in ("cos", "sin")]
+            out += [(f"attention {x}", n * qkv * 2) for x in ("q", "k", "v", "output")]
+            out.append(("attention log-sum-exp (float32)", n * heads * 4))
+            out += [(f"attention random-number state {i}", 8) for i in range(ATTENTION_RNG_TENSORS[device])]
+            out.append(("wo input", n * qkv * 2))
+    out += [(f"SwiGLU {x}", n * f * 2) for x in ("w1 output", "silu output", "w3 output", "w2 input")]
+    return out
+
+
+def final_norm_tensors(shape: ModelShape, tokens: int, weight_casts: str = "per-step") -> list[tuple[str, int]]:
+    """(name, bytes) the book's final norm and output head keep per microbatch (the last stage)."""
+    h = shape.hidden
+    if weight_casts == "per-step":
+        return [("final norm input", tokens * h * 2), ("final norm x * rsqrt", tokens * h * 2),
+                ("final norm rsqrt", tokens * 2), ("final norm output", tokens * h * 2)]
+    return [("final norm input (float32)", tokens * h * 4), ("final norm x * rsqrt (float32)", tokens * h * 4),
+            ("final norm rsqrt (float32)", tokens * 4), ("bf16 copy of the final norm output for the head", tokens * h * 2)]
+
+
+def weight_copy_bytes(cast_params: float, weight_casts: str, in_flight: int = 1) -> float:
+    """Bytes of the bf16 copies of float32 weights that one moment of a step holds (Micikevicius
+    et al. 2018: float32 masters, half-precision copies for the passes):
+
+    - ``autocast``: one region around the step's passes (``precision.autocast`` around
+      ``schedule.step``). torch's autocast caches the bf16 copy of every float32 leaf that
+      requires grad (the matrix products' weights, ``cast_params``; the embedding and the norms'
+      scales run in float32) from its first use until the outermost region exits, after the
+      step's last backward: one copy, shared by every microbatch's saved graph.
+    - ``per-microbatch``: a region per microbatch's forward. Each closes with its forward, but
+      the copies stay referenced by that microbatch's saved graph until its backward: one copy
+      per microbatch in flight.
+    - ``per-step``: bf16 compute copies made once per step, float32 masters in the optimizer,
+      kept from step to step (``cast_params`` then counts every parameter). The passes then run
+      in bf16 throughout: activations are the ``book`` count at 2 bytes (what ``costs.json``
+      measured), the gradients accumulate in float32 and the loss keeps float32 log-probabilities,
+      as the planner's default recipe counts them."""
+    if weight_casts not in WEIGHT_CASTS:
+        raise ValueError(f"unknown weight_casts {weight_casts!r}; use one of {', '.join(WEIGHT_CASTS)}")
+    return 2.0 * cast_params * (in_flight if weight_casts == "per-microbatch" else 1)
+
+
+def optimizer_step_bytes(sizes: list[float], implementation: str = "foreach") -> float:
+    """Bytes AdamW allocates for the duration of its step beyond its state (Loshchilov and Hutter
+    2019), for parameters of ``sizes`` elements (in the optimizer's order): torch's ``foreach``
+    implementation (the default on a GPU) computes ``sqrt(v)`` for all of them at once, float32,
+    then updates in place; the ``for-loop`` one (the CPU's default) does it a tensor at a time,
+    ``sqrt(v)`` and its quotient alive while the previous tensor's quotient is not yet released;
+    ``fused`` kernels keep none. Clipping by the global norm adds only a scalar per tensor (the
+    norms; the gradients are scaled in place)."""
+    if implementation not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer implementation {implementation!r}; use one of {', '.join(OPTIMIZERS)}")
+    if implementation == "foreach":
+        return 4.0 * sum(sizes)
+    if implementation == "for-loop":
+        return 4.0 * max((2 * n + (sizes[i - 1] if i else 0) for i, n in enumerate(sizes)), default=0)
+    return 0.0
+
+
+def workspace_bytes(device: str = "cuda") -> float:
+    """Bytes the libraries keep allocated through torch's allocator during training: cuBLAS's
+    workspaces (:data:`CUBLAS_WORKSPACE_BYTES`, one per thread); none on the CPU."""
+    return float(CUBLAS_WORKSPACE_BYTES * CUBLAS_WORKSPACES) if device == "cuda" else 0.0
+
+
+def book_parameter_tensors(shape: ModelShape) -> list[tuple[str, int, bool]]:
+    """(name, elements, cast) of every parameter of the book's Llama (untied), in model order;
+    ``cast``: a matrix product's weight, which autocast copies to bf16 (the embedding and the
+    norms' scales run in float32)."""
+    h, f, q, kv = shape.hidden, shape.ffn, shape.heads * shape.hd, shape.kv_heads * shape.hd
+    block = [("attention norm", h, False), ("wq", q * h, True), ("wk", kv * h, True), ("wv", kv * h, True),
+             ("wo", h * q, True), ("MLP norm", h, False), ("w1", f * h, True), ("w3", f * h, True), ("w2", h * f, True)]
+    return [("embedding", shape.vocab * h, False), *block * shape.layers, ("final norm", h, False),
+            ("head", shape.vocab * h, True)]
+
+
+@dataclass(frozen=True)
+class Peak:
+    """The most bytes one training step holds at once, by part (the parts add up to ``total``),
+    and the moment it happens; ``moments``: every candidate moment's total."""
+    total: float
+    parts: dict
+    moment: str
+    moments: dict = field(default_factory=dict)
+
+
+PEAK_SCHEDULES = ("GPipe", "1F1B", "none")
+
+
+def training_peak(shape: ModelShape, schedule: str, m: int, microbatch_size: int, seq_len: int,
+                  weight_casts: str = "per-step", device: str = "cuda", optimizer: str | None = None,
+                  rope_copies: bool = True) -> Peak:
+    """The peak of ``memory_allocated`` over a training step of the book's Llama at one stage,
+    as ``scripts/06_train.py`` trains it (AdamW, gradients set to None before each step,
+    ``torch.distributed.pipelining``'s ``Schedule<schedule>``, or ``none``: a plain loop that runs
+    each microbatch's forward and backward in turn), from the second step on (AdamW's moments
+    exist), on ``device``.
+
+    The step is walked action by action (:func:`ppbook.planner.schedules.order`); the candidate
+    moments are the start of each microbatch's backward, where its loss's backward makes the
+    largest transient (:func:`loss_backward_bytes`), and the optimizer's step. At a backward:
+
+    - float32 parameters, AdamW's moments (Rajbhandari et al. 2020's 12 bytes a parameter) and
+      the float32 gradients, which exist only once the step's first backward has made them: at
+      GPipe's first backward no gradient exists yet;
+    - the bf16 weight copies (:func:`weight_copy_bytes`);
+    - each microbatch in flight: its blocks (:func:`book_block_tensors`; per token,
+      :func:`layer_activation_values`, Korthikanti et al. 2022's tensor-by-tensor count), the final
+      norm, and the loss's float32 log-probabilities;
+    - the logits: torch's schedules keep every microbatch's output (``output_chunks``) until the
+      next step begins, to return them merged; in the plain loop nothing keeps them past the loss
+      (cross-entropy keeps its float32 log-probabilities, not its input);
+    - the step's batch (token ids and targets, int64), each loss's scalars, cuBLAS's workspaces
+      (:func:`workspace_bytes`), and the allocator's rounding of every tensor
+      (:func:`allocated_size`).
+
+    At the optimizer step the activations are gone; AdamW's temporaries
+    (:func:`optimizer_step_bytes`: ``foreach`` on a GPU, ``for-loop`` on the CPU) come instead.
+    What is not counted: kernels' workspaces inside one operator, and backward transients other
+    than the loss's (a block's backward frees about what it allocates).
+    """
+    from ppbook.planner import schedules as sched
+
+    if schedule not in PEAK_SCHEDULES:
+        raise ValueError(f"training_peak walks one stage under {', '.join(PEAK_SCHEDULES)}, not {schedule!r}")
+    if weight_casts not in WEIGHT_CASTS:
+        raise ValueError(f"unknown weight_casts {weight_casts!r}; use one of {', '.join(WEIGHT_CASTS)}")
+    if device not in DEVICES:
+        raise ValueError(f"unknown device {device!r}; use one of {', '.join(DEVICES)}")
+    if min(m, microbatch_size, seq_len) < 1:
+        raise ValueError(f"need m, microbatch_size and seq_len >= 1, got {m}, {microbatch_size}, {seq_len}")
+    optimizer = optimizer or ("foreach" if device == "cuda" else "for-loop")
+    size = functools.partial(allocated_size, device=device)
+    n, V = microbatch_size * seq_len, shape.vocab
+    params = book_parameter_tensors(shape)
+    copied = [e for _, e, cast in params if cast or weight_casts == "per-step"]
+    per_mb = [t for _, t in book_block_tensors(shape, microbatch_size, seq_len, weight_casts, device, rope_copies)]
+    per_mb = per_mb * shape.layers + [t for _, t in final_norm_tensors(shape, n, weight_casts)]
+    # a loss is a float32 scalar: the schedule keeps each microbatch's until the step returns, the loop the previous
+    # step's until then (``mb_losses``), and each loss's backward saves one more
+    scalar = 4
+    fixed = {  # what every moment holds: each part as the bytes of its tensors
+        "parameters (float32)": [4 * e for _, e, _ in params],
+        "AdamW moments": [4 * e for _, e, _ in params] * 2 + ([4] * len(params) if device == "cpu" else []),
+        "rotary tables (float32)": [seq_len * shape.hd // 2 * 4] * 2,
+        "batch (token ids, targets)": [8 * m * n] * 2,
+        "workspaces": [CUBLAS_WORKSPACE_BYTES] * CUBLAS_WORKSPACES if device == "cuda" else [],
+    }
+
+    def moment(label: str, parts_lists: dict) -> Peak:
+        lists = {**fixed, **parts_lists}
+        parts = {k: float(sum(v)) for k, v in lists.items()}
+        parts["allocator rounding"] = sum(size(t) - t for v in lists.values() for t in v)
+        return Peak(sum(parts.values()), parts, label)
+
+    keep = schedule != "none"
+    acts = sched.order("1F1B" if schedule == "none" else schedule, 1, m)[0]
+    held: list[int] = []
+    forwards = backwards = 0
+    best = None
+    totals = {}
+    for a in acts:
+        if a.kind == "F":
+            held.append(a.microbatch)
+            forwards += 1
+            continue
+        k = len(held)
+        here = moment(f"backward of microbatch {a.microbatch}", {
+            "gradients (float32)": [4 * e for _, e, _ in params] if backwards else [],
+            "weight copies (bf16)": [2 * e for e in copied] * (k if weight_casts == "per-microbatch" else 1),
+            "activations": per_mb * k,
+            "log-probabilities (float32)": [4 * V * n] * k,
+            "logits (bf16)": [2 * V * n] * (forwards if keep else 0),
+            "loss scalars": [scalar] * ((forwards + m if keep else k) + k),
+            "loss backward": [4 * V * n] * 2,
+        })
+        totals[here.moment] = here.total
+        best = here if best is None or here.total > best.total else best
+        held.remove(a.microbatch)
+        backwards += 1
+    step = moment("optimizer step", {
+        "gradients (float32)": [4 * e for _, e, _ in params],
+        "weight copies (bf16)": [2 * e for e in copied] if weight_casts == "per-step" else [],
+        "optimizer temporaries": [optimizer_step_bytes([e for _, e, _ in params], optimizer)],
+        "logits (bf16)": [2 * V * n] * (m if keep else 0),
+        "loss scalars": [scalar] * (m if keep else 0),
+    })
+    totals[step.moment] = step.total
+    return replace(step if step.total > best.total else best, moments=totals)
