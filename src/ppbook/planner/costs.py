@@ -27,10 +27,12 @@ head) at hidden size ``h`` is (:func:`efficiency`)
   large ones with the same tokens.
 
 :func:`calibrate` fits ``a, b, c`` and ``F0`` of each pass, by least squares of the relative
-error, to every measured row of both GPUs (:data:`EFFICIENCY`; ``tests/test_plan.py`` checks the
-constants and that the fit stays within 10% of every measured pass). Both GPUs have the same
-tensor cores and peak (989.4 TFLOP/s), and the H200's passes run a few per cent faster (its
-memory is 43% faster): the fit splits them. Other GPUs get the same fraction of their own peak,
+error of the predicted efficiency, to every measured row of both GPUs (:data:`EFFICIENCY`;
+``tests/test_plan.py`` checks the constants and that the fit stays within 10% of every measured
+pass: the worst is 9.2% on the H100, 9.9% on the H200). Both GPUs have the same tensor cores and
+peak (989.4 TFLOP/s), and the H200's forwards and input gradients ran 1% to 16% faster than the
+H100's at the same shapes (its memory is 43% faster; most in the head with its loss), its weight
+passes about as fast: one fit for both splits the difference. Other GPUs get the same fraction of their own peak,
 an assumption stated in the planner's output. The efficiency is that of a whole layer's pass for
 one microbatch on one GPU; tensor and context parallelism then divide the pass's time by their
 sizes without a further loss (an assumption the measurements do not cover).
