@@ -66,20 +66,109 @@ def test_fsdp_gathers_follow_the_wrapping_and_the_order():
 def test_the_efficiency_constants_are_the_fit_of_the_measurements():
     fitted = costs.calibrate()
     assert set(fitted) == set(costs.EFFICIENCY)
-    for k, (a, b) in fitted.items():
-        assert costs.EFFICIENCY[k] == pytest.approx((a, b), abs=1e-3), k
+    for k, line in fitted.items():
+        kept = costs.EFFICIENCY[k]
+        assert kept[:3] == pytest.approx(line[:3], abs=1e-3), k
+        assert kept[3:] == line[3:], k  # F0 on its grid, the tokens measured
 
 
-def test_estimated_passes_stay_within_7_percent_of_every_measured_one():
-    for r in costs.measured_rows():
-        shape = shapes.PRESETS[r["model"]]
+def test_estimated_passes_stay_within_10_percent_of_every_measured_one():
+    """Every F, I and W of every row of both GPUs' files (the H100's and the H200's), estimated from
+    FLOPs at the fitted efficiencies, within 10% of what was measured."""
+    rows = costs.measured_rows()
+    assert {r["gpu"] for r in rows} == {"h100-sxm", "h200"} and len(rows) == 18 + 32
+    for r in rows:
+        shape, gpu = shapes.PRESETS[r["model"]], hardware.GPUS[r["gpu"]]
         fn = costs.layer_costs if r["part"] == "block" else costs.head_costs
-        est = fn(shape, H100, r["microbatch"], r["seq_len"], measured_ok=False)
+        est = fn(shape, gpu, r["microbatch"], r["seq_len"], measured_ok=False)
         for kind, key in (("F", "F_ms"), ("I", "I_ms"), ("W", "W_ms_est")):
-            assert getattr(est, kind) * 1e3 == pytest.approx(r[key], rel=0.07), (r["model"], r["part"], kind)
-    # where a measurement matches, it is used as it is
+            assert getattr(est, kind) * 1e3 == pytest.approx(r[key], rel=0.10), (r["gpu"], r["model"], r["part"],
+                                                                                   r["seq_len"], r["microbatch"], kind)
+    # where a measurement matches, on the GPU it was measured on, it is used as it is
     hit = costs.layer_costs(shapes.PRESETS["llama3-8b"], H100, 1, 8192)
     assert hit.measured and not costs.layer_costs(shapes.PRESETS["llama3-8b"], H100, 1, 2048).measured
+    h200 = costs.layer_costs(shapes.PRESETS["llama3-8b"], hardware.GPUS["h200"], 4, 2048)
+    assert h200.measured and h200.F == pytest.approx(costs.measured_rows("h200")[2]["F_ms"] / 1e3)
+    assert not costs.layer_costs(shapes.PRESETS["llama3-8b"], hardware.GPUS["h800"], 1, 8192).measured
+
+
+def test_small_microbatches_reach_less_of_the_peak():
+    """The H200 measured an 8B block's forward at 444 TFLOP/s on one sequence of 2048 tokens and
+    about 570 on four: the fit gives the smallest microbatch the lowest efficiency, so the same
+    tokens in more, smaller microbatches take longer, and the gap closes as microbatches grow."""
+    shape, gpu = shapes.PRESETS["llama3-8b"], hardware.GPUS["h200"]
+    one = costs.pass_efficiencies(shape, 1, 2048)["F"] * gpu.bf16_tflops
+    four = costs.pass_efficiencies(shape, 4, 2048)["F"] * gpu.bf16_tflops
+    assert one == pytest.approx(444, rel=0.05) and four == pytest.approx(570, rel=0.05)
+    per_token = [costs.layer_costs(shape, gpu, b, 2048, measured_ok=False).F / b for b in (1, 2, 4, 8)]
+    assert per_token == sorted(per_token, reverse=True)
+    assert per_token[0] / per_token[1] > 1.1 > per_token[2] / per_token[3]
+    # the weight pass's products have the model's width whatever the tokens: it barely moves
+    w = [costs.pass_efficiencies(shape, b, 2048)["W"] for b in (1, 4)]
+    assert w[0] == pytest.approx(w[1], rel=0.05)
+
+
+def test_grouped_query_attention_counts_its_products_at_the_query_heads_width():
+    """A hand count for one Llama 3 405B layer (128 query heads of 128, 8 key/value heads, SwiGLU
+    53248) on one sequence of 8192 tokens: the scores Q K^T and the product with V each take
+    2 x 128 x 128 FLOPs per query and key, half the keys under a causal mask; the key and value
+    projections are at the 8 heads' width 1024. Counting the product with V at the key/value
+    width (the old count) left the attention 47% low."""
+    shape = shapes.PRESETS["llama3-405b"]
+    s, h, hd = 8192, 16384, 128
+    scores = values = 2 * s * (s / 2) * 128 * hd
+    wq = wo = h * 128 * hd
+    wk = wv = h * 8 * hd
+    mlp = 3 * h * 53248
+    f = costs.layer_flops(shape, s, s)
+    assert f["F"] == pytest.approx(2 * s * (wq + wk + wv + wo + mlp) + scores + values, rel=1e-12)
+    assert f["W"] == pytest.approx(2 * s * (wq + wk + wv + wo + mlp), rel=1e-12)
+    assert f["I"] - f["W"] == pytest.approx(costs.ATTENTION_BACKWARD * (scores + values), rel=1e-12)
+    old = s * s * (128 * hd + 8 * hd)  # the product with V at the key/value heads' width
+    assert 1 - old / (scores + values) == pytest.approx(0.47, abs=0.005)
+
+
+def test_context_parallelism_moves_keys_and_values_again_in_the_backward():
+    """A hand count for Llama 3 70B (8 key/value heads of 128) at tp 4, cp 2 in one node, one sequence
+    of 8192 tokens in bf16: the whole sequence's K and V are 8192 x 2 x 1024 / 4 values on a GPU,
+    and a ring all-gather among 2 sends half of them over NVLink (across nodes, over the network).
+    The forward gathers once; the backward gathers K and V again and reduce-scatters dK and dV
+    (two transfers; the old model charged one), and full recomputation's rerun forward gathers
+    once more."""
+    req = search.Request(shapes.PRESETS["llama3-70b"], H100, 16, 8, 16, 8192, NV, IB, cps=(1, 2))
+    nbytes = 8192 * 2 * 8 * 128 / 4 * 2
+    one = NV.latency + nbytes / 2 / NV.bandwidth
+    f, b = search.context_parallel_seconds(req, 1, 4, 2, "none")
+    assert (f, b) == pytest.approx((one, 2 * one), rel=1e-12)
+    assert search.context_parallel_seconds(req, 1, 4, 2, "full") == pytest.approx((one, 3 * one), rel=1e-12)
+    across = IB.latency + nbytes / 2 / 2 / IB.bandwidth  # tp 8 x cp 2 spans two nodes; a GPU holds half the heads
+    assert search.context_parallel_seconds(req, 1, 8, 2, "selective") == pytest.approx((across, 2 * across), rel=1e-12)
+    assert search.context_parallel_seconds(req, 1, 4, 1, "none") == (0.0, 0.0)
+
+
+def test_multi_head_latent_attention_is_gathered_at_its_decompressed_width():
+    """DeepSeek-V3 (128 heads; qk_nope_head_dim 128, qk_rope_head_dim 64, v_head_dim 128, a latent of
+    512): context parallelism gathers the keys and values attention uses, decompressed, 128 x (128 + 64)
+    values of K and 128 x 128 of V per token, not the 512 + 64 of the compressed latent."""
+    shape = shapes.PRESETS["deepseek-v3"]
+    assert (shape.heads, shape.qk_nope_dim, shape.qk_rope_dim, shape.v_head_dim, shape.kv_lora_rank) == (128, 128, 64, 128, 512)
+    req = search.Request(shape, H100, 16, 8, 16, 4096, NV, IB, cps=(1, 2))
+    nbytes = 4096 * (128 * (128 + 64) + 128 * 128) * 2  # tp 1, bf16
+    one = NV.latency + nbytes / 2 / NV.bandwidth
+    assert search.context_parallel_seconds(req, 1, 1, 2, "none") == pytest.approx((one, 2 * one), rel=1e-12)
+    # and its attention FLOPs: scores at 128 x 192 per query head, the product with V at 128 x 128
+    f = costs.layer_flops(shape, 4096, 4096, True)
+    assert f["F"] - f["W"] == pytest.approx(4096 * 4096 * (128 * 192 + 128 * 128), rel=1e-12)
+
+
+def test_the_h200_preset_is_the_recorded_device():
+    """The H200's memory is the bytes torch reported on the book's H200 (data/gpu/h200-2026-11-28),
+    its dense bf16 peak the H100 SXM's, its bandwidth the datasheet's."""
+    g = hardware.GPUS["h200"]
+    bench = json.loads((ROOT / "data" / "gpu" / "h200-2026-11-28" / "bench.json").read_text())
+    assert hardware.MEMORY["h200"][0] == bench["meta"]["gpu_memory_bytes"] == 150_109_880_320
+    assert g.bf16_tflops == hardware.GPUS["h100-sxm"].bf16_tflops == bench["benchmark"]["peak_flops"] / 1e12 == 989.4
+    assert g.hbm_tb_s == 4.8 and "datasheet" in g.source
 
 
 # --- the search -------------------------------------------------------------------------------------------------
@@ -659,7 +748,7 @@ def test_each_gpu_brings_its_servers_network_and_estimates_say_their_efficiency(
     assert hardware.GPUS["a100-80gb"].network == "ib-hdr200" != hardware.GPUS["h100-sxm"].network
     status, out = in_process(with_change(["--gpu", "a100-80gb", "--gpus", "16", "--top", "1"]), capsys)
     assert status == 0 and "links nvlink-a100 / ib-hdr200" in out, out
-    f = costs.efficiency("F", 4096)
+    f = costs.pass_efficiencies(shapes.PRESETS["llama3-8b"], 1, 8192)["F"]
     assert f"a layer's F {100 * f:.0f}%" in out and "of 312 TFLOP/s" in out, out
     status, out = in_process(with_change(["--gpu", "a100-80gb", "--gpus", "16", "--inter", "ib-ndr400", "--top", "1"]),
                              capsys)

@@ -409,7 +409,7 @@
       "), data-parallel traffic not hidden " + seconds(pred.dp_exposed_s * b.factor) + ", optimizer " +
       seconds(pred.optimizer_s * b.factor) + "; " + Math.round(pred.tokens_per_s_per_gpu / b.factor) +
       " tokens/s per GPU, " + Math.round(100 * pred.mfu / b.factor) + "% MFU (calibrated)" +
-      (verdict ? "; " + verdict : "") + (pred.estimated ? "" : " (action times measured on an H100)");
+      (verdict ? "; " + verdict : "") + (pred.estimated ? "" : " (action times measured on this GPU, " + req.gpu.name + ")");
     stats.dataset.stepS = pred.step_s;
     showExport();
     root.dataset.layout = P.label(L);

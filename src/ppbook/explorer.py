@@ -6,8 +6,8 @@ The site is static and works offline (from ``file://`` too), so the page cannot 
 It runs ``planner/planner.js``, a port of the torch-free planner core (:mod:`ppbook.planner`)
 that ``tests/test_explorer.py`` proves equal to the Python on a grid of several hundred
 requests, layouts and schedule orders. Everything the port starts from (model presets, GPUs,
-links, the H100 measurements, the fitted efficiencies) is exported here, by :func:`planner_data`,
-from the Python package itself, so no number is typed twice. ``explorer.js`` draws the page:
+links, the H100 and H200 measurements, the fitted efficiencies) is exported here, by
+:func:`planner_data`, from the Python package itself, so no number is typed twice. ``explorer.js`` draws the page:
 the request form, the ranked table, memory per rank and the timeline of one step, and the
 schedules with abstract costs (the teaching view of chapter 5).
 """
@@ -26,17 +26,17 @@ from ppbook.planner import calibration, costs, export, hardware, memory, schedul
 # that the first timeline can be read (a few dozen actions per rank, not hundreds).
 DEFAULT_REQUEST = {"model": "llama3-70b", "gpu": "h100-sxm", "gpus": 32, "gpus_per_node": 8,
                    "global_batch": 48, "seq_len": 4096}
-MEASURED_KEYS = ("model", "part", "seq_len", "microbatch", "F_ms", "I_ms", "W_ms_est")
+MEASURED_KEYS = ("gpu", "model", "part", "seq_len", "microbatch", "F_ms", "I_ms", "W_ms_est")
 
 
 def planner_data() -> dict:
     """Everything ``planner.js`` and the page need, from the Python package: presets, GPUs,
-    links, the measured H100 rows and the efficiency lines fitted to them, and the defaults."""
+    links, the measured H100 and H200 rows and the efficiency lines fitted to them, and the defaults."""
     return {
-        "measured_rows": [{k: r[k] for k in MEASURED_KEYS} for r in costs.measured_rows()],
+        # the measured rows, their keys once (the page stays light)
+        "measured": {"keys": list(MEASURED_KEYS), "rows": [[r[k] for k in MEASURED_KEYS] for r in costs.measured_rows()]},
         "efficiency": {k: list(v) for k, v in costs.EFFICIENCY.items()},
         "efficiency_range": list(costs.EFFICIENCY_RANGE),
-        "measured_gpu": costs.MEASURED_GPU,
         "attention_backward": costs.ATTENTION_BACKWARD,
         "presets": {k: asdict(v) for k, v in shapes.PRESETS.items()},
         "gpus": {k: asdict(v) for k, v in hardware.GPUS.items()},
@@ -80,7 +80,7 @@ def page(data: dict | None = None) -> str:
 
 def source_digest(data: dict | None = None) -> str:
     """A digest of everything the page is made of: its template, the port, the drawing, its style
-    and the data it embeds (presets, GPUs, links, the H100 rows, the fitted efficiencies, the
+    and the data it embeds (presets, GPUs, links, the measured rows, the fitted efficiencies, the
     opening request), that is :func:`page` itself. The screenshot in the page carries the digest
     it was taken with, and a test says when the page changed since, code or numbers."""
     import hashlib

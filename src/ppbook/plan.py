@@ -30,7 +30,6 @@ from pathlib import Path
 from ppbook.planner import calibration, hardware, memory, schedules, search, shapes
 from ppbook.planner.export import (FRAMEWORKS, MEGATRON_CORE_VERSION, MEGATRON_SHARDING, TORCHTITAN_REGISTRY,
                                    TORCHTITAN_VERSION)
-from ppbook.planner.costs import MEASURED_GPU
 
 GB = memory.GB
 
@@ -321,16 +320,19 @@ def header(req: search.Request, ranked: list[search.Prediction] | None = None) -
     if ranked:
         estimated = sum(o.estimated for o in ranked)
     else:
-        estimated = int(not (req.measured_costs and req.gpu.name == MEASURED_GPU and
+        estimated = int(not (req.measured_costs and req.gpu.name in search.costs.MEASURED and
                              search.costs.layer_costs(m, req.gpu, 1, req.seq_len, False).measured and
                              search.costs.head_costs(m, req.gpu, 1, req.seq_len).measured))
-    estimate = ("estimated from FLOPs at the efficiency the book measured on an H100 (ppbook.planner.costs), "
-                "scaled to this GPU's peak: " + efficiencies(req))
+    estimate = ("estimated from FLOPs at the efficiency the book measured on an H100 and an H200 "
+                "(ppbook.planner.costs), scaled to this GPU's peak: " + efficiencies(req))
+    source = search.costs.MEASURED.get(req.gpu.name)
+    measured = (f"measured on {search.costs.MEASURED_ON[req.gpu.name]} "
+                f"({source.relative_to(search.costs.GPU_DATA.parents[1]).as_posix()})") if source else ""
     if not estimated:
-        times = "measured on an H100 (data/gpu/h100_llama3_costs.json)"
+        times = measured
     elif ranked and estimated < len(ranked):
         winner = "the winner among them" if ranked[0].estimated else "not the winner"
-        times = (f"measured on an H100 (data/gpu/h100_llama3_costs.json) where the book measured the block and "
+        times = (f"{measured} where the book measured the block and "
                  f"head at the layout's microbatch size; for {estimated} of the {len(ranked)} ranked layouts "
                  f"({winner}) " + estimate)
     else:
@@ -346,12 +348,14 @@ def header(req: search.Request, ranked: list[search.Prediction] | None = None) -
 
 
 def efficiencies(req: search.Request) -> str:
-    """The fractions of the GPU's peak the estimated passes are timed at, for this model's width."""
-    h = req.model.hidden
-    layer = ", ".join(f"{k} {100 * search.costs.efficiency(k, h):.0f}%" for k in ("F", "I", "W"))
-    head = ", ".join(f"{k} {100 * search.costs.efficiency('head_' + k, h):.0f}%" for k in ("F", "I", "W"))
+    """The fractions of the GPU's peak the estimated passes are timed at, for this model's width
+    and a microbatch of one sequence (larger microbatches reach a little more)."""
+    e = search.costs.pass_efficiencies(req.model, 1, req.seq_len)
+    layer = ", ".join(f"{k} {100 * e[k]:.0f}%" for k in ("F", "I", "W"))
+    head = ", ".join(f"{k} {100 * e['head_' + k]:.0f}%" for k in ("F", "I", "W"))
     return (f"a layer's {layer}, the head's {head} of {req.gpu.bf16_tflops:g} TFLOP/s "
-            f"(hidden size {h}; fitted lines in log2(h / 4096))")
+            f"(hidden size {req.model.hidden}, one sequence of {req.seq_len} tokens per microbatch; "
+            "fitted in log2(h / 4096) and the microbatch's tokens)")
 
 
 def _band(req: search.Request | None) -> calibration.Band:

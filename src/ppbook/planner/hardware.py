@@ -77,8 +77,8 @@ MEMORY: dict[str, tuple[float, str]] = {  # preset: (bytes, where the figure com
                               "(vllm-project/vllm#27508); this project's lent H100 is described as about 78 GiB"),
     "h100-pcie": (80 * GiB, "no reported figure: the datasheet's 80 GB taken as 80 GiB of HBM2e"),
     "h800": (80 * GiB, "no reported figure: the 80 GB as sold taken as 80 GiB of HBM3"),
-    "h200": (139 * GiB, "reported: this project's lent H200, described by its device tool as about 139 GiB of GPU memory "
-                        "(the datasheet sells 141 GB)"),
+    "h200": (150109880320, "reported: torch's total_memory on the NVIDIA H200 of the book's GPU record, 150109880320 "
+                           "bytes = 139.8 GiB (gpu_memory_bytes of data/gpu/h200-2026-11-28/bench.json; the datasheet sells 141 GB)"),
     "b200": (180 * GiB, "no reported figure: the datasheet's 180 GB taken as 180 GiB of HBM3e"),
     "mi300x": (192 * GiB, "no reported figure: the data sheet's 192 GB taken as 192 GiB of HBM3"),
 }
@@ -96,10 +96,13 @@ def _gb(name: str) -> float:
 GPUS: dict[str, GPU] = {g.name: g for g in [
     GPU("a100-40gb", _gb("a100-40gb"), 312, 1.555, "nvlink-a100", _DS.format("A100 Tensor Core GPU (SXM4 40GB)"), "ib-hdr200"),
     GPU("a100-80gb", _gb("a100-80gb"), 312, 2.039, "nvlink-a100", _DS.format("A100 Tensor Core GPU (SXM4 80GB)"), "ib-hdr200"),
-    GPU("h100-sxm", _gb("h100-sxm"), 989, 3.35, "nvlink-h100", _DS.format("H100 Tensor Core GPU (SXM5)"), "ib-ndr400"),
+    GPU("h100-sxm", _gb("h100-sxm"), 989.4, 3.35, "nvlink-h100", _DS.format("H100 Tensor Core GPU (SXM5)") + "; 989.4 "
+        "TFLOP/s dense bf16 (the H100 architecture whitepaper's; 1,979 with sparsity)", "ib-ndr400"),
     GPU("h100-pcie", _gb("h100-pcie"), 756, 2.0, "pcie-gen5", _DS.format("H100 Tensor Core GPU (PCIe)"), "ib-ndr400"),
-    GPU("h800", _gb("h800"), 989, 3.35, "nvlink-h800", "NVIDIA H800 (SXM5): H100 compute, NVLink at 400 GB/s", "ib-ndr400"),
-    GPU("h200", _gb("h200"), 989, 4.8, "nvlink-h100", _DS.format("H200 Tensor Core GPU (SXM)"), "ib-ndr400"),
+    GPU("h800", _gb("h800"), 989.4, 3.35, "nvlink-h800", "NVIDIA H800 (SXM5): H100 compute, NVLink at 400 GB/s", "ib-ndr400"),
+    GPU("h200", _gb("h200"), 989.4, 4.8, "nvlink-h100", _DS.format("H200 Tensor Core GPU (SXM)") + ": 141 GB of HBM3e at "
+        "4.8 TB/s; bf16 1,979 TFLOP/s with sparsity, 989.4 dense, the H100 SXM's (the same GH100 tensor cores)",
+        "ib-ndr400"),
     GPU("b200", _gb("b200"), 2250, 8.0, "nvlink-b200", _DS.format("HGX B200 / DGX B200"), "ib-ndr400"),
     GPU("mi300x", _gb("mi300x"), 1307, 5.3, "xgmi-mi300x", "AMD Instinct MI300X data sheet", "roce-400g"),
 ]}

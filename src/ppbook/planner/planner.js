@@ -698,15 +698,15 @@
   }
 
   // --- costs.py -------------------------------------------------------------------------------------------------------
-  var DATA = {measured_rows: [], efficiency: {}, efficiency_range: [0.2, 0.85], measured_gpu: "h100-sxm",
-    attention_backward: 2.5, presets: {}};
+  var DATA = {measured: {keys: [], rows: []}, efficiency: {}, efficiency_range: [0.2, 0.85], attention_backward: 2.5,
+    presets: {}};
 
   function layerFlops(s, tokens, seqLen, moeLayer) {
-    var w = attentionWidths(s), q = w[0], v = w[2];
+    var w = attentionWidths(s), q = w[0], out = w[3];  // the query heads' widths: scores (d_qk) and values (d_v)
     var mm = attentionParameters(s);
     if (moeLayer) mm += (s.top_k + s.shared_experts) * mlpParameters(s, s.expert_ffn) + s.hidden * s.experts;
     else mm += mlpParameters(s, s.ffn);
-    var products = 2.0 * tokens * mm, attention = tokens * seqLen * (q + v);
+    var products = 2.0 * tokens * mm, attention = tokens * seqLen * (q + out);
     return {F: products + attention, I: products + DATA.attention_backward * attention, W: products};
   }
 
@@ -715,43 +715,69 @@
     return {F: products, I: products, W: products};
   }
 
-  function efficiency(kind, hidden) {
-    var ab = DATA.efficiency[kind], lo = DATA.efficiency_range[0], hi = DATA.efficiency_range[1];
-    return Math.min(hi, Math.max(lo, ab[0] + ab[1] * Math.log2(hidden / 4096)));
+  // port of costs.efficiency: DATA.efficiency[kind] = [a, b, c, flops0, tokens_lo, tokens_hi]
+  function efficiency(kind, hidden, tokens, flops) {
+    var e = DATA.efficiency[kind], lo = DATA.efficiency_range[0], hi = DATA.efficiency_range[1];
+    var n = Math.min(e[5], Math.max(e[4], tokens));
+    var line = Math.min(hi, Math.max(lo, e[0] + e[1] * Math.log2(hidden / 4096) + e[2] * Math.log2(n / 8192)));
+    return line * flops / (flops + e[3]);
   }
 
   function sameBlock(a, b) {
     return ["hidden", "heads", "kv_heads", "ffn", "mlp", "norm", "experts", "kv_lora_rank"].every(function (k) { return a[k] === b[k]; });
   }
 
-  function measured(s, part, seqLen, b) {
-    for (var i = 0; i < DATA.measured_rows.length; i++) {
-      var r = DATA.measured_rows[i], preset = DATA.presets[r.model];
-      if (preset && sameBlock(preset, s) && r.part === part && r.seq_len === seqLen && r.microbatch === b &&
-          (part === "block" || preset.vocab === s.vocab))
+  // port of costs.measured_rows: the exported rows (DATA.measured: their keys once, then each row's values) as objects
+  var measuredFrom = null, measuredObjects = [];
+  function measuredRows() {
+    if (measuredFrom !== DATA.measured) {
+      var keys = DATA.measured.keys;
+      measuredObjects = DATA.measured.rows.map(function (row) {
+        var r = {};
+        keys.forEach(function (k, i) { r[k] = row[i]; });
+        return r;
+      });
+      measuredFrom = DATA.measured;
+    }
+    return measuredObjects;
+  }
+
+  function measuredOn(gpuName) {
+    return measuredRows().some(function (r) { return r.gpu === gpuName; });
+  }
+
+  function measured(s, part, seqLen, b, gpuName) {
+    var rows = measuredRows();
+    for (var i = 0; i < rows.length; i++) {
+      var r = rows[i], preset = DATA.presets[r.model];
+      if (r.gpu === gpuName && preset && sameBlock(preset, s) && r.part === part && r.seq_len === seqLen &&
+          r.microbatch === b && (part === "block" || preset.vocab === s.vocab))
         return {F: r.F_ms / 1e3, I: r.I_ms / 1e3, W: r.W_ms_est / 1e3, measured: true};
     }
     return null;
   }
 
+  function estimate(f, prefix, hidden, tokens, gpu) {
+    var peak = gpu.bf16_tflops * 1e12;
+    return {F: f.F / (peak * efficiency(prefix + "F", hidden, tokens, f.F)),
+      I: f.I / (peak * efficiency(prefix + "I", hidden, tokens, f.I)),
+      W: f.W / (peak * efficiency(prefix + "W", hidden, tokens, f.W)), measured: false};
+  }
+
   function layerCosts(s, gpu, b, seqLen, moeLayer, measuredOk) {
-    if (measuredOk && gpu.name === DATA.measured_gpu && !moeLayer) {
-      var hit = measured(s, "block", seqLen, b);
+    if (measuredOk && measuredOn(gpu.name) && !moeLayer) {
+      var hit = measured(s, "block", seqLen, b, gpu.name);
       if (hit) return hit;
     }
-    var f = layerFlops(s, b * seqLen, seqLen, moeLayer), peak = gpu.bf16_tflops * 1e12;
-    return {F: f.F / (peak * efficiency("F", s.hidden)), I: f.I / (peak * efficiency("I", s.hidden)),
-      W: f.W / (peak * efficiency("W", s.hidden)), measured: false};
+    return estimate(layerFlops(s, b * seqLen, seqLen, moeLayer), "", s.hidden, b * seqLen, gpu);
   }
 
   function headCosts(s, gpu, b, seqLen, measuredOk) {
-    if (measuredOk && gpu.name === DATA.measured_gpu) {
-      var hit = measured(s, "head+loss", seqLen, b);
+    if (measuredOk && measuredOn(gpu.name)) {
+      var hit = measured(s, "head+loss", seqLen, b, gpu.name);
       if (hit) return hit;
     }
-    var f = headFlops(s, b * seqLen), peak = gpu.bf16_tflops * 1e12;
-    return {F: f.F / (peak * efficiency("head_F", s.hidden)), I: f.I / (peak * efficiency("head_I", s.hidden)),
-      W: f.W / (peak * efficiency("head_W", s.hidden)), measured: false};
+    return estimate(headFlops(s, b * seqLen), "head_", s.hidden, b * seqLen, gpu);
   }
 
   // --- search.py ------------------------------------------------------------------------------------------------------
@@ -1076,7 +1102,8 @@
     var nbytes = b * req.seq_len * (k + v) / tp * recipe(req.recipe).activation_bytes;
     var link = tp * cp <= req.gpus_per_node ? req.intra : req.inter;
     var gather = linkGather(link, nbytes, cp);
-    return [gather, gather * (recompute === "full" ? 2 : 1)];
+    // backward: K, V gathered again and dK, dV reduce-scattered; full recomputation's forward gathers once more
+    return [gather, gather * (recompute === "full" ? 3 : 2)];
   };
 
   Planner.prototype.stageCosts = function (tp, nStagesValue, balance, b, recompute, ep, overlap, split, cp) {

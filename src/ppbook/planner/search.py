@@ -596,18 +596,29 @@ def context_parallel_seconds(req: Request, b: int, tp: int, cp: int, recompute: 
     """(forward, backward) seconds context parallelism adds to one layer and microbatch: Llama 3's
     all-gather-based context parallelism (Dubey et al. 2024, section 3.3.2), in which each of the
     ``cp`` GPUs holds ``1/cp`` of every sequence (two chunks, balancing causal attention) and
-    all-gathers the layer's keys and values before attention; the backward reduce-scatters their
-    gradients, and gathers them again where full recomputation reruns the forward. Modelled as not
-    hidden (Megatron-LM's ring attention overlaps its transfers with attention's computation, so
-    this is an upper bound there). The group is ``cp`` consecutive tensor-parallel groups (tensor
-    parallel innermost, then context parallel, as Megatron-LM orders them)."""
+    all-gathers the layer's keys and values before attention. The gathered keys and values are
+    not kept for the backward (a GPU keeps its ``1/cp`` share; :func:`_transient` counts one
+    layer's gathered K, V), so the backward gathers them again and reduce-scatters their
+    gradients dK, dV (the same bytes): two transfers, three where full recomputation reruns the
+    forward, its gather included. Ring attention (Liu et al. 2023, "Ring Attention with Blockwise
+    Transformers") moves the same bytes, K and V passed around the ring in the forward and again
+    in the backward with their gradients, and torch's own context parallelism (2.13) does the
+    same, gathering K and V again in its backward. Modelled as not hidden (ring attention
+    overlaps its transfers with attention's computation, so this is an upper bound there; torch
+    passes dK, dV in float32, twice the bytes counted here). The bytes are K and V at the width
+    attention uses them (:func:`ppbook.planner.memory.attention_widths`: grouped-query
+    attention's ``kv_heads`` heads; multi-head latent attention's decompressed heads, keys of
+    ``qk_nope_head_dim + qk_rope_head_dim`` and values of ``v_head_dim`` per head, as
+    Megatron-LM's MLA hands them to attention). The group is ``cp`` consecutive tensor-parallel
+    groups (tensor parallel innermost, then context parallel, as Megatron-LM orders them)."""
     if cp <= 1:
         return 0.0, 0.0
     _, k, v, _ = memory.attention_widths(req.model)
     nbytes = b * req.seq_len * (k + v) / tp * memory.RECIPES[req.recipe].activation_bytes  # a whole sequence's K, V
     link = req.intra if tp * cp <= req.gpus_per_node else req.inter
     gather = link.gather(nbytes, cp)
-    return gather, gather * (2 if recompute == "full" else 1)
+    # backward: K, V gathered again and dK, dV reduce-scattered; full recomputation's forward gathers once more
+    return gather, gather * (3 if recompute == "full" else 2)
 
 
 @functools.lru_cache(maxsize=256)
