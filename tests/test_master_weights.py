@@ -4,34 +4,12 @@ of plain autocast kept to the last bit."""
 
 from __future__ import annotations
 
-import collections
-
 import pytest
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from ppbook import launch, precision
 from ppbook.models import LlamaConfig, build_model
-
-CASTS = (torch.ops.aten._to_copy.default, torch.ops.aten.copy_.default)
-
-
-class CountCasts(TorchDispatchMode):
-    """Counts the dtype casts (``_to_copy``, ``copy_`` between dtypes) whose result has the shape of
-    one of ``shapes`` (the Linear weights), by target dtype."""
-
-    def __init__(self, shapes):
-        super().__init__()
-        self.shapes, self.counts = set(shapes), collections.Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if func in CASTS and isinstance(out, torch.Tensor) and tuple(out.shape) in self.shapes:
-            src = args[1] if func is torch.ops.aten.copy_.default else args[0]
-            if src.dtype != out.dtype:
-                self.counts[str(out.dtype).removeprefix("torch.")] += 1
-        return out
 
 
 def test_06_train_casts_each_weight_and_its_gradient_once_per_step(monkeypatch):
@@ -48,7 +26,7 @@ def test_06_train_casts_each_weight_and_its_gradient_once_per_step(monkeypatch):
     linear = [m.weight for m in model.modules() if isinstance(m, nn.Linear)]
     counts = {}
     for steps in (1, 2):
-        with CountCasts({tuple(w.shape) for w in linear}) as mode:
+        with precision.CastCounter({tuple(w.shape) for w in linear}) as mode:
             assert mod.main([*argv, "--steps", str(steps)]) == 0
         counts[steps] = mode.counts
     per_step = {k: counts[2][k] - counts[1][k] for k in ("bfloat16", "float32")}

@@ -25,10 +25,12 @@ must share (an all-reduce of every stage's inf/NaN flag), which the scripts do n
 
 from __future__ import annotations
 
+import collections
 import contextlib
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 AUTOCAST = {"bfloat16": torch.bfloat16}
 PARAM_DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.float32}
@@ -154,3 +156,28 @@ class MasterWeights:
         """After the optimizer step: each copy takes its master's new value (one cast per weight)."""
         for copy, master in self._pairs:
             copy.copy_(master)
+
+
+class CastCounter(TorchDispatchMode):
+    """Counts the dtype casts (``aten._to_copy``, and ``aten.copy_`` between two dtypes) whose result
+    has one of ``shapes``, by the dtype cast to: with the shapes of a model's weights, how often a
+    step casts weights or their gradients (chapter 11; the tests hold 06_train.py to it)::
+
+        with CastCounter({tuple(w.shape) for w in weights}) as casts:
+            ...one step...
+        casts.counts  # Counter({"bfloat16": ..., "float32": ...})
+    """
+
+    CASTS = (torch.ops.aten._to_copy.default, torch.ops.aten.copy_.default)
+
+    def __init__(self, shapes):
+        super().__init__()
+        self.shapes, self.counts = {tuple(s) for s in shapes}, collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func in self.CASTS and isinstance(out, torch.Tensor) and tuple(out.shape) in self.shapes:
+            source = args[1] if func is torch.ops.aten.copy_.default else args[0]
+            if source.dtype != out.dtype:
+                self.counts[str(out.dtype).removeprefix("torch.")] += 1
+        return out
