@@ -1,5 +1,7 @@
-"""GPU check, the whole GPU record in one command: the measurements alone on the GPU, then every
-companion script with ``--check``, into one folder of at most 8 files, each written as it is made.
+"""GPU check: the whole GPU record in one command, measurements then every script's --check.
+
+The measurements run alone on the GPU, then every companion script with ``--check``, into one
+folder of at most 8 files, each written as it is made.
 
     make gpu-check                        # or: python tools/gpu_check.py [--out FOLDER]
     python tools/gpu_check.py --device cpu --tiny --scripts 01_first_pipeline.py   # rehearse on a CPU
@@ -69,7 +71,7 @@ EXPECTED_S = {"12_combinations.py:compile": 100, "06_train.py": 16, "05_schedule
               "12_combinations.py:recompute": 22, "04_splitting.py": 22, "03_gpipe.py": 20}
 # The measurements: name, gpu_measure.py's verb and file, the seconds each may take on a GPU.
 MEASUREMENTS = (("bench", "bench.json", 150), ("mem", "mem.json", 120), ("costs", "costs.json", 120))
-PROFILE = ("profile", "profile.txt", 90)
+PROFILE = ("profile", "profile.txt", 120)
 BUDGET_S = 420  # the whole run on one H100 or H200: about 7 minutes
 PHASE2_S = 150  # phase 1 leaves this much of the budget to phase 2 (its longest launch took 100 s on the H200)
 FILES = ("record.json", "run.log", "check.json", *(f for _, f, _ in MEASUREMENTS), PROFILE[1])
@@ -257,7 +259,8 @@ def main(argv=None) -> int:
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     p.add_argument("--nproc", type=int, default=None, help="processes per script (default: one per GPU; 1 on CPU)")
     p.add_argument("--tiny", action="store_true", help="toy measurement shapes (to rehearse on a CPU)")
-    p.add_argument("--scripts", nargs="+", choices=LAUNCHES, default=list(LAUNCHES), help="the launches of phase 2")
+    p.add_argument("--scripts", nargs="+", choices=LAUNCHES, default=list(LAUNCHES), metavar="LAUNCH",
+                   help=f"the launches of phase 2 (default: all): {', '.join(LAUNCHES)}")
     p.add_argument("--no-bench", action="store_true", help="skip phase 1 (the measurements)")
     p.add_argument("--profile", choices=["auto", "always", "never"], default="auto",
                    help="a torch.profiler table: when a target is missed (auto), always, or never")
