@@ -104,8 +104,13 @@ page-times: $(STAMP)
 # On a machine with GPUs: every script with --check on the GPUs present (one process per GPU) and a
 # bf16 throughput benchmark of 06_train on one GPU; one JSON per run in data/gpu/, non-zero exit on
 # any failure (and on a machine without a GPU).
-gpu-check: $(STAMP)
-	$(BIN)/python tools/gpu_check.py
+# The whole GPU record (tools/gpu_check.py, about 7 minutes on one H100 or H200): no $(STAMP), so
+# that a GPU machine without network runs it with its own python3 and torch; GPU_OUT names the
+# folder (default data/gpu/<gpu>-<date>).
+GPU_PYTHON = $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
+GPU_OUT ?=
+gpu-check:
+	PYTHONPATH=src$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PYTHON) tools/gpu_check.py $(if $(GPU_OUT),--out $(GPU_OUT))
 
 clean:
 	rm -rf _build

@@ -41,6 +41,7 @@ ALLOWED: list[tuple[str, str, str]] = [
      "lists possible causes; the total's direction is a glued word (a timing on a shared host is reported, not asserted)"),
     ("05_schedules.md", "The fastest measured here", "names the minimum of measured step times (true by construction); a timing on a shared host is reported, not asserted"),
     ("11_on_real_gpus.md", "These are predictions, not measurements", "states the model's assumptions, concludes nothing"),
+    ("11_on_real_gpus.md", "every launch passes, the", "lists what the next GPU run checks; concludes nothing yet"),
     ("13_moe.md", "In this build a perfect overlap would take",
      "reports this build's launch, its directions glued words; the conclusions are claims on the record"),
 ]
