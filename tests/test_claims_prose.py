@@ -37,8 +37,6 @@ ALLOWED: list[tuple[str, str, str]] = [
     ("a3_troubleshooting.md", "The messages below are those of torch", "names the torch version"),
     ("a3_troubleshooting.md", "here {glue:text}`hang_timeout` s", "the glued number is a flag value"),
     ("a3_troubleshooting.md", "Read the rank whose error is not", "the glued text is an error message"),
-    ("03_gpipe.md", "Three things can pull it below",
-     "lists possible causes; the total's direction is a glued word (a timing on a shared host is reported, not asserted)"),
     ("05_schedules.md", "The fastest measured here", "names the minimum of measured step times (true by construction); a timing on a shared host is reported, not asserted"),
     ("11_on_real_gpus.md", "These are predictions, not measurements", "states the model's assumptions, concludes nothing"),
     ("11_on_real_gpus.md", "every launch passes, the", "lists what the next GPU run checks; concludes nothing yet"),
