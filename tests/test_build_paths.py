@@ -43,6 +43,8 @@ def test_temp_paths_finds_the_builds_temporary_folders():
     assert machine_paths.temp_paths(TEMP) == ["/tmp/ppbook-ch7-cy1ucgd3", "/tmp/tmp", "/tmp/ipykernel_16744",
                                               "/tmp/pytest-of-ann"]
     assert machine_paths.temp_paths("--save-dir /tmp/ppbook-ch7/p2 and /tmp/ppbook-ch6/tokenizers/x.json") == []
+    # as a notebook's JSON and a page's HTML write them
+    assert machine_paths.temp_paths('"# shown as /tmp/ppbook-ch6\\n", &quot;/tmp/ppbook-ch7&quot;') == []
 
 
 def test_hide_names_a_temporary_folder_by_its_prefix_as_the_printed_commands_do():

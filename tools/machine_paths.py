@@ -59,7 +59,7 @@ def _temp_pattern() -> re.Pattern:
     """A path under the temporary folder (``/tmp`` or ``$TMPDIR``), its first folder in group 1."""
     roots = {"/tmp", tempfile.gettempdir().rstrip("/"), os.path.realpath(tempfile.gettempdir()).rstrip("/")}
     alternatives = "|".join(re.escape(r) for r in sorted(roots, key=len, reverse=True) if r.count("/") >= 1)
-    return re.compile(rf"(?<![\w./~-])(?:{alternatives})/([^\s/'\"`<>:,;)\]]+)")
+    return re.compile(rf"(?<![\w./~-])(?:{alternatives})/([^\s/'\"`<>:,;)\]\\&]+)")  # a name stops at JSON's \\n and HTML's &quot;
 
 
 def _hide_temp(text: str) -> str:
