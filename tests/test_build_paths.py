@@ -39,19 +39,27 @@ TEMP = ("saved /tmp/ppbook-ch7-cy1ucgd3/crash/step-000002 (newest 2 kept)\n"
         "--save-dir /tmp/ppbook-ch7/p2 /var/tmp/x ~/tmp/y /tmp/pytest-of-ann/pytest-3/book0/_build/html/a.html")
 
 
+NAMED = {"ppbook-ch6", "ppbook-ch7"}  # the folders pages named with tempfile's prefix=
+
+
 def test_temp_paths_finds_the_builds_temporary_folders():
-    assert machine_paths.temp_paths(TEMP) == ["/tmp/ppbook-ch7-cy1ucgd3", "/tmp/tmp", "/tmp/ipykernel_16744",
-                                              "/tmp/pytest-of-ann"]
-    assert machine_paths.temp_paths("--save-dir /tmp/ppbook-ch7/p2 and /tmp/ppbook-ch6/tokenizers/x.json") == []
+    assert machine_paths.temp_paths(TEMP, NAMED) == ["/tmp/ppbook-ch7-cy1ucgd3", "/tmp/tmp", "/tmp/ipykernel_16744",
+                                                     "/tmp/pytest-of-ann"]
+    assert machine_paths.temp_paths("--save-dir /tmp/ppbook-ch7/p2 and /tmp/ppbook-ch6/tokenizers/x.json", NAMED) == []
     # as a notebook's JSON and a page's HTML write them
-    assert machine_paths.temp_paths('"# shown as /tmp/ppbook-ch6\\n", &quot;/tmp/ppbook-ch7&quot;') == []
+    assert machine_paths.temp_paths('"# shown as /tmp/ppbook-ch6\\n", &quot;/tmp/ppbook-ch7&quot;', NAMED) == []
+
+
+def test_the_pages_name_their_temporary_folders():
+    names = machine_paths.page_temp_names()
+    assert NAMED <= names and "tmp" not in names and not any(n.endswith("-") for n in names), names
 
 
 def test_hide_names_a_temporary_folder_by_its_prefix_as_the_printed_commands_do():
     shown = machine_paths.hide(TEMP, FAKE)
     assert "saved /tmp/ppbook-ch7/crash/step-000002" in shown and "# File: <notebook cell>:8 in forward" in shown
     # a folder without a name of the page's own stays, for temp_paths to report
-    assert machine_paths.temp_paths(shown) == ["/tmp/tmp", "/tmp/pytest-of-ann"]
+    assert machine_paths.temp_paths(shown, NAMED) == ["/tmp/tmp", "/tmp/pytest-of-ann"]
 
 
 def test_this_machines_paths_are_known_and_never_the_root_folder():

@@ -10,7 +10,7 @@ such prefix as a reader would: ``site-packages/torch/...`` for an installed pack
 is named by its prefix, as the commands the pages print name it (``/tmp/ppbook-ch7-x1y2z3w4/p2``
 -> ``/tmp/ppbook-ch7/p2``, :func:`ppbook.launch.temp_folder_name`), and the file IPython runs a
 cell from (``/tmp/ipykernel_123/456.py``) is ``<notebook cell>``. Any other path under the
-temporary folder is the build's own (:func:`temp_paths` finds them). Code cells are left alone
+temporary folder that no page named is the build's own (:func:`temp_paths` finds them). Code cells are left alone
 (the execution cache keys on them).
 
     python tools/machine_paths.py _build/html     # list the build paths left on built pages
@@ -26,11 +26,9 @@ import sysconfig
 import tempfile
 from pathlib import Path
 
-from ppbook.launch import MKDTEMP_NAME, temp_folder_name
+from ppbook.launch import temp_folder_name
 
 ROOT = Path(__file__).resolve().parents[1]
-#: what a page may show under /tmp: a folder it named ``ppbook-...``, without tempfile's random characters
-SHOWN_TEMP = re.compile(r"ppbook-[\w.-]+")
 
 
 def machine_paths(root: Path = ROOT) -> list[tuple[str, str]]:
@@ -80,14 +78,20 @@ def hide(text: str, paths: list[tuple[str, str]] | None = None) -> str:
     return _hide_temp(text)
 
 
-def temp_paths(text: str) -> list[str]:
+def page_temp_names(root: Path = ROOT) -> set[str]:
+    """The names the pages give their temporary folders, as pages show them: each ``prefix=`` a page
+    of ``root/book`` passes to ``tempfile`` (``prefix="ppbook-ch7-"`` -> ``ppbook-ch7``)."""
+    prefix = re.compile(r"""\bprefix=["']([\w.-]+)["']""")
+    return {p.rstrip("-_") for page in (root / "book").glob("*.md") for p in prefix.findall(page.read_text())}
+
+
+def temp_paths(text: str, named: set[str] | None = None) -> list[str]:
     """The paths under the temporary folder that ``text`` shows and a reader could not have typed:
-    every one but those in a folder the page named ``ppbook-...`` (``/tmp/ppbook-ch7/p2``), such
-    as a folder with tempfile's random characters, tempfile's unnamed ``tmp`` folders, IPython's
-    cell files or the build's output folder. Each once, in order of appearance."""
-    bad = [m[0] for m in _temp_pattern().finditer(text)
-           if not SHOWN_TEMP.fullmatch(m[1]) or MKDTEMP_NAME.fullmatch(m[1])]
-    return list(dict.fromkeys(bad))
+    every one but those in a folder a page named (``named``, by default :func:`page_temp_names`),
+    such as a folder with tempfile's random characters, tempfile's unnamed ``tmp`` folders,
+    IPython's cell files or the build's output folder. Each once, in order of appearance."""
+    named = page_temp_names() if named is None else named
+    return list(dict.fromkeys(m[0] for m in _temp_pattern().finditer(text) if m[1] not in named))
 
 
 def found(text: str, paths: list[tuple[str, str]] | None = None) -> list[str]:
