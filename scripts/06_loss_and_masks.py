@@ -101,7 +101,8 @@ def gradient_scaling_cases(info, m: int = 4, seq_len: int = 16, seed: int = 0) -
 
     def diff(got, want) -> float:
         scale = max(want[n].abs().max() for n in got)
-        d = torch.tensor(max(((got[n] - want[n]).abs().max() / scale).item() for n in got), dtype=torch.float64)
+        d = torch.tensor(max(((got[n] - want[n]).abs().max() / scale).item() for n in got), dtype=torch.float64,
+                         device=info.device)  # a collective's tensor lies on the run's device (NCCL: the GPU)
         if dist.is_initialized():
             dist.all_reduce(d, op=dist.ReduceOp.MAX)  # the worst stage
         return d.item()
@@ -221,9 +222,11 @@ def mask_demo(args, info) -> dict:
             schedule.step(**mask_kw, **last_kw)
         # [end-run-packed]
         grad_diff = torch.tensor(max((p.grad - ref_grads[n].grad).abs().max().item()
-                                     for n, p in stage_mod.mod.named_parameters()), dtype=torch.float64)
+                                     for n, p in stage_mod.mod.named_parameters()), dtype=torch.float64,
+                                 device=info.device)
         dist.all_reduce(grad_diff, op=dist.ReduceOp.MAX)
-        loss = torch.tensor(torch.stack(losses).mean().item() if info.is_last else 0.0, dtype=torch.float64)
+        loss = torch.tensor(torch.stack(losses).mean().item() if info.is_last else 0.0, dtype=torch.float64,
+                            device=info.device)
         dist.broadcast(loss, src=info.world_size - 1)
         out[name] = {"loss": loss.item(), "max_grad_diff": grad_diff.item()}
     return out

@@ -62,7 +62,7 @@ from tqdm import tqdm
 
 from ppbook import cli, data, fsdp_probe, kernels, measure, precision, recompute, simulate, timeline, training, workload
 from ppbook.packing import document_mask  # (B, T) document ids -> (B, 1, T, T), chapter 15
-from ppbook.dist import gather_to_rank0
+from ppbook.dist import gather_to_rank0, pick_device, schedule_backend_problem
 from ppbook.models import LlamaConfig, RMSNorm, build_model
 from ppbook.planner import memory as planner_memory
 from ppbook.planner import search as planner_search
@@ -149,15 +149,18 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
                          f"{args.ffn}: each tensor-parallel rank computes whole heads")
     if args.heads % args.kv_heads:
         raise ValueError(f"--heads {args.heads} must be a multiple of --kv-heads {args.kv_heads}")
+    device = pick_device(0, args.device)
     for name in args.schedules:
-        problem = schedule_problem(name, pp, args.microbatches, args.stages_per_rank, args.layers)
+        problem = (schedule_problem(name, pp, args.microbatches, args.stages_per_rank, args.layers)
+                   or schedule_backend_problem(name, device, pp))
         if problem:
             raise ValueError(problem)
     for spec in args.policies:
         name, _, modes = spec.rpartition(":")
         if name and name not in SCHEDULES:
             raise ValueError(f"--policies {spec!r}: {name!r} is not a schedule; use one of {', '.join(SCHEDULES)}")
-        problem = name and schedule_problem(name, pp, args.microbatches, args.stages_per_rank, args.layers)
+        problem = name and (schedule_problem(name, pp, args.microbatches, args.stages_per_rank, args.layers)
+                            or schedule_backend_problem(name, device, pp))
         if problem:
             raise ValueError(problem)
         for mode in modes.split(","):
