@@ -14,7 +14,7 @@ TORCH_PIN := $(shell grep -m1 '^torch==' requirements-reader.txt)
 
 NOTEBOOKS_BRANCH := $(shell sed -n 's/^ *ppbook_notebooks_branch: *\([^ #]*\).*/\1/p' _config.yml)
 
-.PHONY: book book-cached notebooks publish-notebooks pdf test test-fast test-scripts bench bench-schedules bench-plan bench-planner bench-compile record-own-schedule page-times gpu-check browser-deps clean
+.PHONY: book book-cached notebooks publish-notebooks pdf test test-fast test-scripts bench bench-schedules bench-plan bench-planner bench-compile record-own-schedule page-times gpu-check torch-versions browser-deps clean
 
 $(STAMP): requirements.txt requirements-reader.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] >= (3, 10) else "ppbook needs Python >= 3.10 (3.11 recommended), found " + sys.version.split()[0])'
@@ -106,6 +106,22 @@ page-times: $(STAMP)
 # any failure (and on a machine without a GPU).
 gpu-check: $(STAMP)
 	$(BIN)/python tools/gpu_check.py
+
+# Every companion script's check under another torch than the pinned one (the book claims 2.11 to
+# 2.15): a scratch venv outside the repository (TORCH_VENV) with PyPI's torch==$(TORCH) (on Linux the
+# CUDA build, about 3 GB, which runs on a CPU too) and the book's runtime libraries, then
+# tools/torch_versions.py in it: tools/script_matrix.py's launches on NPROC CPU processes each,
+# data/versions/torch-$(TORCH).json and the table data/versions/README.md. Hours on 2 busy cores; not
+# part of `make test`. Where a pip config caps torch, prefix PIP_CONFIG_FILE=/dev/null.
+TORCH ?=
+TORCH_VENV ?= $(HOME)/.cache/ppbook/torch-$(TORCH)
+NPROC ?= 2
+torch-versions:
+	@test -n "$(TORCH)" || { echo "make torch-versions: name the version, e.g. make torch-versions TORCH=2.11.0" >&2; exit 2; }
+	test -x $(TORCH_VENV)/bin/python || $(PYTHON) -m venv $(TORCH_VENV)
+	$(TORCH_VENV)/bin/python -c 'import torch, sys; sys.exit(torch.__version__.split("+")[0] != "$(TORCH)")' 2>/dev/null \
+	  || $(TORCH_VENV)/bin/python -m pip install --quiet "torch==$(TORCH)" -r <(grep -v '^torch==' requirements-reader.txt)
+	PYTHONPATH=$(CURDIR)/src $(TORCH_VENV)/bin/python tools/torch_versions.py --expect $(TORCH) --nproc $(NPROC)
 
 clean:
 	rm -rf _build

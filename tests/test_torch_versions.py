@@ -1,0 +1,102 @@
+"""The plumbing of ``make torch-versions`` (``tools/torch_versions.py``, ``tools/script_matrix.py``):
+its launches, how it reads a launch's output, the table it writes, and the tables committed in
+``data/versions/``. The launches themselves run under another torch, outside the suite."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import script_matrix
+import torch_versions
+
+from ppbook.launch import load_script
+
+ROOT = Path(__file__).resolve().parents[1]
+RECORD = ROOT / "data" / "gpu" / "h200-2026-11-28" / "record.json"
+
+
+def test_the_launches_cover_every_companion_script_and_the_gpu_records():
+    cmds = script_matrix.commands(2, "cpu")
+    names = [c["name"] for c in cmds]
+    assert len(names) == len(set(names))
+    assert {c["script"] for c in cmds} == {p.name for p in (ROOT / "scripts").glob("*.py")}
+    for c in cmds:
+        assert c["nproc"] == 2 and c["args"][-2:] == ["--device", "cpu"], c
+    # the chapter 12-15 launches of the first GPU record (its run_gpu.py's EXTRA), by script and section
+    record = json.loads(RECORD.read_text())
+    ran = {(Path(r["cmd"][6]).name, r["cmd"][r["cmd"].index("--section") + 1] if "--section" in r["cmd"] else None)
+           for r in record["phase2"] if r["cmd"][1:3] == ["-m", "torch.distributed.run"]}
+    ours = {(c["script"], c["args"][1] if c["args"][0] == "--section" else None) for c in cmds}
+    assert ran and ran <= ours, ran - ours
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_every_launch_passes_its_scripts_validation(nproc, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", str(nproc))
+    for c in script_matrix.commands(nproc, "cpu"):
+        if c.get("skip"):
+            continue
+        mod = load_script(c["script"])
+        args = mod.parse_args(c["args"])
+        getattr(mod, "validate", lambda a, w: None)(args, nproc)
+
+
+def tail_of(tag: str) -> str:
+    return next(r["tail"] for r in json.loads(RECORD.read_text())["phase2"] if r["tag"] == tag)
+
+
+def test_a_refusal_in_one_line_is_gated_and_a_traceback_fails():
+    # the GPU record's 13_moe.py: the script's one line, then torchrun's report (with its own traceback)
+    status, line = torch_versions.classify(1, tail_of("13_moe"), None)
+    assert status == "gated" and line.startswith("13_moe.py: error: DualPipeV on gloo (CPU) needs torch >= 2.13")
+    assert torch_versions.classify(1, tail_of("15_packed"), None) == ("failed", None)  # the script's traceback
+    assert torch_versions.classify(0, "MATCH", {"match": True}) == ("passed", None)
+    assert torch_versions.classify(0, "", None) == ("passed", None)  # a script without --check (01_minimal.py)
+    assert torch_versions.classify(0, "MISMATCH", {"match": False}) == ("failed", None)
+    two = "a.py: error: one thing\n[rank1]: a.py: error: another thing\n"
+    assert torch_versions.classify(1, two, None) == ("failed", None)
+
+
+def test_the_table_has_a_column_per_version_and_quotes_each_gate(tmp_path):
+    def record(version, rows):
+        meta = {"torch": version, "python": "3.11.7", "machine": "x86_64, 2 CPU cores", "nproc": 2,
+                "date": "2026-11-28T00:00:00+00:00", "command": "python tools/torch_versions.py --expect x",
+                "book_commit": "abc1234", "book_tree_dirty": False}
+        (tmp_path / f"torch-{version.split('+')[0]}.json").write_text(json.dumps({"meta": meta, "runs": rows}))
+
+    record("2.15.0+cu130", [{"name": "a.py", "status": "passed"}, {"name": "b.py", "status": "passed"}])
+    record("2.9.1", [{"name": "a.py", "status": "failed"}])
+    record("2.11.0+cu130", [{"name": "a.py", "status": "gated", "line": "a.py: error: needs torch >= 2.13"},
+                            {"name": "b.py", "status": "skipped", "skip": "staged on exactly 2 processes"}])
+    table = torch_versions.render(tmp_path)
+    assert "| launch | torch 2.9.1 | torch 2.11.0 | torch 2.15.0 |" in table  # by version, not by text
+    assert "| a.py | failed | gated (1) | passed |" in table
+    assert "| b.py | not run | skipped: staged on exactly 2 processes | passed |" in table
+    assert "1. torch 2.11.0, a.py: `a.py: error: needs torch >= 2.13`" in table
+    assert table.count("the book at abc1234;") == 3
+
+
+def test_bad_input_is_one_line(capsys):
+    assert torch_versions.main(["--expect", "0.0.1"]) == 2
+    assert torch_versions.main(["--only", "no_such.py"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 2 and "not 0.0.1" in lines[0] and "no_such.py: no such launch" in lines[1], lines
+
+
+COMMITTED = sorted((ROOT / "data" / "versions").glob("torch-*.json"))
+
+
+def test_the_committed_tables_hold_the_claimed_versions_with_provenance_and_no_failure():
+    versions = {p.stem.removeprefix("torch-") for p in COMMITTED}
+    assert {"2.11.0", "2.15.0"} <= versions, versions
+    for p in COMMITTED:
+        rec = json.loads(p.read_text())
+        for key in ("torch", "python", "machine", "date", "command", "book_commit", "nproc"):
+            assert rec["meta"].get(key) is not None, (p.name, key)
+        failed = [r["name"] for r in rec["runs"] if r["status"] == "failed"]
+        assert not failed, (p.name, failed)
+        names = {r["name"] for r in rec["runs"]}
+        assert names == {c["name"] for c in script_matrix.commands(rec["meta"]["nproc"], "cpu")}, p.name
+    assert (ROOT / "data" / "versions" / "README.md").read_text() == torch_versions.render()

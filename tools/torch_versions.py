@@ -1,0 +1,190 @@
+"""Every companion script's check under the torch this interpreter has: passed, gated (refused in the
+one line a reader gets, naming what it needs) or failed; one JSON per torch version in
+``data/versions/`` and the table of all of them, ``data/versions/README.md``.
+
+    make torch-versions TORCH=2.11.0       # a scratch venv with that torch, then this tool in it
+    python tools/torch_versions.py --expect 2.11.0 --nproc 2     # in an interpreter that has it
+    python tools/torch_versions.py --render                       # the table again, from the JSONs
+
+The launches are ``tools/script_matrix.py``'s (``tools/gpu_check.py``'s thirteen scripts and
+chapters 12-15's), on the CPU (gloo) at ``--nproc`` processes. A launch passes when it exits 0
+without a ``"match": false``; it is gated when the script refused before starting, in one line
+(``<script>: error: ...``, exit 2) with no traceback; anything else fails: a traceback, a timeout,
+a mismatch. The exit status is 1 when any launch failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+
+OUT = ROOT / "data" / "versions"
+STATUSES = ("passed", "gated", "failed", "skipped")
+# where torchrun's own report of a failed rank begins (its traceback is the launcher's, not the script's)
+AGENT_REPORT = re.compile(r"torch/distributed/elastic/multiprocessing/api\.py:\d+\] failed \(exitcode")
+REFUSAL = re.compile(r"^(?:\[rank\d+\]:\s*)?(\S+\.py: error: .*)$")
+
+
+def classify(returncode: int, output: str, data: dict | None) -> tuple[str, str | None]:
+    """(status, the one line a gated launch prints, or None) of one finished launch."""
+    if returncode == 0:
+        return ("passed" if (data or {}).get("match", True) is not False else "failed"), None
+    script_part = AGENT_REPORT.split(output, maxsplit=1)[0]
+    refusals = {m.group(1) for line in script_part.splitlines() if (m := REFUSAL.match(line.strip()))}
+    if len(refusals) == 1 and "Traceback" not in script_part:
+        return "gated", refusals.pop()
+    return "failed", None
+
+
+def run_one(cmd: dict, timeout: float) -> dict:
+    """Launch one command of ``script_matrix`` (torchrun on the CPU); its row of the table."""
+    from ppbook import launch
+
+    if cmd.get("skip"):
+        return {**cmd, "status": "skipped"}
+    try:
+        r = launch.torchrun(cmd["script"], cmd["args"], nproc=cmd["nproc"], timeout=timeout, check=False,
+                            fork=False)
+    except launch.LaunchError as err:  # a timeout, or exit 0 without its JSON
+        return {**cmd, "status": "failed", "output_tail": str(err)[-3000:]}
+    status, line = classify(r.returncode, r.output, r.data)
+    row = {**cmd, "status": status, "command": r.shell_command, "returncode": r.returncode,
+           "seconds": round(r.seconds, 1)}
+    if line:
+        row["line"] = line
+    if status == "failed":
+        row["output_tail"] = r.output[-3000:]
+    return row
+
+
+def version_key(version: str) -> tuple:
+    return tuple(int(x) if x.isdigit() else x for x in re.split(r"[.+]", version))
+
+
+def base_version(version: str) -> str:
+    """``2.11.0+cu130`` -> ``2.11.0``."""
+    return version.split("+")[0]
+
+
+def provenance(torch_version: str, nproc: int, argv: list[str]) -> dict:
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                                check=True).stdout.strip()
+        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                                    capture_output=True, text=True).stdout.strip())
+    except (OSError, subprocess.CalledProcessError):
+        commit, dirty = None, None
+    return {"torch": torch_version, "python": platform.python_version(), "platform": platform.platform(),
+            "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores", "device": "cpu (gloo)", "nproc": nproc,
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "command": "python tools/torch_versions.py " + " ".join(argv), "book_commit": commit,
+            "book_tree_dirty": dirty}
+
+
+def render(folder: Path = OUT) -> str:
+    """The markdown table of every ``torch-*.json`` in ``folder``: a row per launch, a column per version."""
+    records = sorted((json.loads(p.read_text()) for p in folder.glob("torch-*.json")),
+                     key=lambda r: version_key(r["meta"]["torch"]))
+    names = list(dict.fromkeys(row["name"] for rec in records for row in rec["runs"]))
+    versions = [base_version(rec["meta"]["torch"]) for rec in records]
+    lines = ["# The companion scripts under each torch version", "",
+             "Written by `tools/torch_versions.py` (`make torch-versions TORCH=<version>`) from the JSON beside "
+             "this file, one per version; not edited by hand. Each launch is the `--check` of "
+             "`tools/script_matrix.py` on the CPU (gloo). *passed*: it ran and matched one process; *gated*: it "
+             "refused in one line, quoted below, naming what it needs; *failed*: anything else (the JSON holds "
+             "its output).", "",
+             "| launch | " + " | ".join(f"torch {v}" for v in versions) + " |",
+             "|:--|" + ":--|" * len(versions)]
+    notes = []
+    for name in names:
+        cells = []
+        for v, rec in zip(versions, records):
+            row = next((r for r in rec["runs"] if r["name"] == name), None)
+            if row is None:
+                cells.append("not run")
+            elif row["status"] == "gated":
+                notes.append(f"{len(notes) + 1}. torch {v}, {name}: `{row['line']}`")
+                cells.append(f"gated ({len(notes)})")
+            elif row["status"] == "skipped":
+                cells.append(f"skipped: {row.get('skip', '')}")
+            else:
+                cells.append(row["status"])
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    if notes:
+        lines += ["", "What a gated launch printed:", "", *notes]
+    lines += ["", "Provenance:", ""]
+    for v, rec in zip(versions, records):
+        m = rec["meta"]
+        lines.append(f"- torch {v}: {m['date'][:10]}, Python {m['python']}, {m['machine']}, {m['nproc']} "
+                     f"process(es) per launch, the book at {m['book_commit']}"
+                     f"{' with uncommitted changes' if m['book_tree_dirty'] else ''}; `{m['command']}`.")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--expect", default=None, help="the torch version this interpreter must have (e.g. 2.11.0)")
+    p.add_argument("--nproc", type=int, default=2, help="processes per launch (1 or 2 on a small CPU)")
+    p.add_argument("--only", nargs="+", default=None, help="run only these launches (by name); the JSON keeps the rest")
+    p.add_argument("--timeout", type=float, default=1500.0, help="seconds per launch")
+    p.add_argument("--no-inductor", action="store_true", help="chapter 12's compile section with aot_eager")
+    p.add_argument("--out", default=str(OUT), help="folder of the JSONs and the table")
+    p.add_argument("--render", action="store_true", help="only write the table again from the JSONs")
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    if args.render:
+        (out / "README.md").write_text(render(out))
+        return 0
+    import torch
+
+    import script_matrix
+
+    found = base_version(torch.__version__)
+    if args.expect and found != args.expect:
+        print(f"torch_versions.py: error: this interpreter has torch {torch.__version__}, not {args.expect}; run it "
+              f"with the scratch venv's python (make torch-versions TORCH={args.expect})", file=sys.stderr)
+        return 2
+    if args.nproc < 1:
+        print(f"torch_versions.py: error: --nproc must be at least 1, got {args.nproc}", file=sys.stderr)
+        return 2
+    cmds = script_matrix.commands(args.nproc, "cpu", inductor=not args.no_inductor)
+    names = [c["name"] for c in cmds]
+    unknown = sorted(set(args.only or []) - set(names))
+    if unknown:
+        print(f"torch_versions.py: error: --only {' '.join(unknown)}: no such launch; pick from {', '.join(names)}",
+              file=sys.stderr)
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"torch-{found}.json"
+    old = {r["name"]: r for r in json.loads(path.read_text())["runs"]} if args.only and path.is_file() else {}
+    meta, runs = provenance(torch.__version__, args.nproc, argv), []
+    for cmd in cmds:
+        if args.only and cmd["name"] not in args.only:
+            if cmd["name"] in old:
+                runs.append(old[cmd["name"]])
+            continue
+        runs.append({**run_one(cmd, args.timeout), "date": datetime.date.today().isoformat(),
+                     "book_commit": meta["book_commit"]})
+        print(f"{cmd['name']}: {runs[-1]['status']}" + (f" ({runs[-1]['line']})" if runs[-1].get("line") else ""),
+              flush=True)
+    record = {"meta": meta, "runs": runs}
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    (out / "README.md").write_text(render(out))
+    failed = [r["name"] for r in runs if r["status"] == "failed"]
+    print(f"{'FAILED: ' + ', '.join(failed) if failed else 'no launch failed'}; {path} and {out / 'README.md'}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
