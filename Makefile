@@ -110,7 +110,8 @@ gpu-check: $(STAMP)
 # Every companion script's check under another torch than the pinned one (the book claims 2.11 to
 # 2.15): a scratch venv outside the repository (TORCH_VENV) with PyPI's torch==$(TORCH) (on Linux the
 # CUDA build, about 3 GB, which runs on a CPU too) and the book's runtime libraries, then
-# tools/torch_versions.py in it: tools/script_matrix.py's launches on NPROC CPU processes each,
+# tools/torch_versions.py in it: tools/script_matrix.py's launches on NPROC CPU processes each
+# (chapter 12's compile section with its own aot_eager backend; the tool's --inductor for inductor),
 # data/versions/torch-$(TORCH).json and the table data/versions/README.md. Hours on 2 busy cores; not
 # part of `make test`. Where a pip config caps torch, prefix PIP_CONFIG_FILE=/dev/null.
 TORCH ?=
@@ -121,7 +122,8 @@ torch-versions:
 	test -x $(TORCH_VENV)/bin/python || $(PYTHON) -m venv $(TORCH_VENV)
 	$(TORCH_VENV)/bin/python -c 'import torch, sys; sys.exit(torch.__version__.split("+")[0] != "$(TORCH)")' 2>/dev/null \
 	  || $(TORCH_VENV)/bin/python -m pip install --quiet "torch==$(TORCH)" -r <(grep -v '^torch==' requirements-reader.txt)
-	PYTHONPATH=$(CURDIR)/src $(TORCH_VENV)/bin/python tools/torch_versions.py --expect $(TORCH) --nproc $(NPROC)
+	PYTHONPATH=$(CURDIR)/src PPBOOK_VERSIONS_COMMAND="make torch-versions TORCH=$(TORCH) NPROC=$(NPROC)" \
+	  $(TORCH_VENV)/bin/python tools/torch_versions.py --expect $(TORCH) --nproc $(NPROC)
 
 clean:
 	rm -rf _build

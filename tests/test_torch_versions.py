@@ -78,6 +78,14 @@ def test_the_table_has_a_column_per_version_and_quotes_each_gate(tmp_path):
     assert table.count("the book at abc1234;") == 3
 
 
+def test_the_recorded_command_shows_no_path_of_this_machine(monkeypatch):
+    monkeypatch.delenv("PPBOOK_VERSIONS_COMMAND", raising=False)
+    assert torch_versions.shown_command(["--nproc", "2", "--out", "/home/me/x", "--inductor"]) == \
+        "python tools/torch_versions.py --nproc 2 --inductor"
+    monkeypatch.setenv("PPBOOK_VERSIONS_COMMAND", "make torch-versions TORCH=2.11.0 NPROC=2")
+    assert torch_versions.shown_command(["--out", "/x"]) == "make torch-versions TORCH=2.11.0 NPROC=2"
+
+
 def test_bad_input_is_one_line(capsys):
     assert torch_versions.main(["--expect", "0.0.1"]) == 2
     assert torch_versions.main(["--only", "no_such.py"]) == 2

@@ -76,6 +76,15 @@ def base_version(version: str) -> str:
     return version.split("+")[0]
 
 
+def shown_command(argv: list[str]) -> str:
+    """The command as a reader would type it: ``make torch-versions ...`` when make ran it (it says so in
+    ``PPBOOK_VERSIONS_COMMAND``), without ``--out`` (a path of this machine) either way."""
+    words = list(argv)
+    if "--out" in words:
+        del words[words.index("--out"):words.index("--out") + 2]
+    return os.environ.get("PPBOOK_VERSIONS_COMMAND") or "python tools/torch_versions.py " + " ".join(words)
+
+
 def provenance(torch_version: str, nproc: int, argv: list[str]) -> dict:
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
@@ -87,7 +96,7 @@ def provenance(torch_version: str, nproc: int, argv: list[str]) -> dict:
     return {"torch": torch_version, "python": platform.python_version(), "platform": platform.platform(),
             "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores", "device": "cpu (gloo)", "nproc": nproc,
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "command": "python tools/torch_versions.py " + " ".join(argv), "book_commit": commit,
+            "command": shown_command(argv), "book_commit": commit,
             "book_tree_dirty": dirty}
 
 
@@ -138,7 +147,9 @@ def main(argv=None) -> int:
     p.add_argument("--nproc", type=int, default=2, help="processes per launch (1 or 2 on a small CPU)")
     p.add_argument("--only", nargs="+", default=None, help="run only these launches (by name); the JSON keeps the rest")
     p.add_argument("--timeout", type=float, default=1500.0, help="seconds per launch")
-    p.add_argument("--no-inductor", action="store_true", help="chapter 12's compile section with aot_eager")
+    p.add_argument("--inductor", action="store_true",
+                   help="chapter 12's compile section with inductor, as on a GPU (minutes of compiling on a CPU; "
+                        "default: the script's aot_eager)")
     p.add_argument("--out", default=str(OUT), help="folder of the JSONs and the table")
     p.add_argument("--render", action="store_true", help="only write the table again from the JSONs")
     args = p.parse_args(argv)
@@ -158,7 +169,7 @@ def main(argv=None) -> int:
     if args.nproc < 1:
         print(f"torch_versions.py: error: --nproc must be at least 1, got {args.nproc}", file=sys.stderr)
         return 2
-    cmds = script_matrix.commands(args.nproc, "cpu", inductor=not args.no_inductor)
+    cmds = script_matrix.commands(args.nproc, "cpu", inductor=args.inductor)
     names = [c["name"] for c in cmds]
     unknown = sorted(set(args.only or []) - set(names))
     if unknown:
