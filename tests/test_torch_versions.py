@@ -43,6 +43,34 @@ def test_every_launch_passes_its_scripts_validation(nproc, monkeypatch):
         getattr(mod, "validate", lambda a, w: None)(args, nproc)
 
 
+def test_a_launch_refused_for_one_schedule_runs_again_without_it(monkeypatch):
+    cmds = {c["name"]: c for c in script_matrix.commands(2, "cpu")}
+    narrowed = script_matrix.without_schedule(cmds["05_schedules.py"], "DualPipeV")
+    narrowed = script_matrix.without_schedule(narrowed, "ZBVZeroBubble")
+    assert narrowed["name"] == "05_schedules.py without DualPipeV, ZBVZeroBubble"
+    args = load_script("05_schedules.py").parse_args(narrowed["args"])
+    assert "DualPipeV" not in args.schedules and "ZBVZeroBubble" not in args.schedules and len(args.schedules) == 5
+    assert narrowed["args"][-2:] == ["--device", "cpu"]
+    moe = script_matrix.without_schedule(cmds["13_moe.py"], "DualPipeV")  # its --runs that use DualPipeV
+    assert moe["args"][moe["args"].index("--runs") + 1:][:3] == ["1F1B", "aux-ignored", "aux-over-m"]
+    own = script_matrix.without_schedule(cmds["14_own_schedule.py"], "V-Half")
+    assert "V-Half" not in own["args"] and "ZB-H2" in own["args"]
+    assert script_matrix.without_schedule(cmds["02_naive.py"], "GPipe") is None  # it runs no named schedule
+    # the tool: a refusal for one schedule, then the launch without it
+    outcomes = iter([("gated", "05_schedules.py: error: DualPipeV on gloo (CPU) needs torch >= 2.13, found 2.11.0"),
+                     ("gated", "05_schedules.py: error: ZBVZeroBubble on gloo (CPU) needs torch >= 2.13, found 2.11"),
+                     ("passed", None)])
+
+    def fake_run(cmd, timeout):
+        status, line = next(outcomes)
+        return {**cmd, "status": status, **({"line": line} if line else {})}
+
+    monkeypatch.setattr(torch_versions, "run_one", fake_run)
+    rows = torch_versions.run_narrowing(cmds["05_schedules.py"], 1.0)
+    assert [(r["name"], r["status"]) for r in rows] == [
+        ("05_schedules.py", "gated"), ("05_schedules.py without DualPipeV, ZBVZeroBubble", "passed")]
+
+
 def tail_of(tag: str) -> str:
     return next(r["tail"] for r in json.loads(RECORD.read_text())["phase2"] if r["tag"] == tag)
 
@@ -105,6 +133,6 @@ def test_the_committed_tables_hold_the_claimed_versions_with_provenance_and_no_f
             assert rec["meta"].get(key) is not None, (p.name, key)
         failed = [r["name"] for r in rec["runs"] if r["status"] == "failed"]
         assert not failed, (p.name, failed)
-        names = {r["name"] for r in rec["runs"]}
+        names = {r.get("base", r["name"]) for r in rec["runs"]}
         assert names == {c["name"] for c in script_matrix.commands(rec["meta"]["nproc"], "cpu")}, p.name
     assert (ROOT / "data" / "versions" / "README.md").read_text() == torch_versions.render()

@@ -5,9 +5,10 @@ chapter 12-15 launches that the first GPU record ran beside them (``EXTRA`` of
     from script_matrix import commands
     commands(2, "cpu")   # [{"name", "script", "nproc", "args"} (or "skip"), ...]
 
-``tools/torch_versions.py`` runs them under another torch; ``tools/gpu_check.py`` may import
-:func:`extra_commands` for the GPU record (this module imports it only inside :func:`commands`, so
-either can import the other).
+``tools/torch_versions.py`` runs them under another torch, and where a launch is refused for one
+schedule (torch < 2.13 on gloo), :func:`without_schedule` again without it; ``tools/gpu_check.py``
+may import :func:`extra_commands` for the GPU record (this module imports it only inside
+:func:`commands`, so either can import the other).
 """
 
 from __future__ import annotations
@@ -40,3 +41,33 @@ def commands(n: int, device: str, inductor: bool = True) -> list[dict]:
     from gpu_check import script_commands
 
     return [*script_commands(n, device), *extra_commands(n, device, inductor)]
+
+
+def without_schedule(cmd: dict, name: str) -> dict | None:
+    """``cmd`` without schedule ``name`` among what it runs (its ``--schedules``, or 13_moe.py's
+    ``--runs`` that use it), named for what it leaves out; ``None`` when it runs no schedule by that
+    name or nothing else."""
+    from ppbook.launch import load_script
+
+    mod = load_script(cmd["script"])
+    args = mod.parse_args(cmd["args"])
+    if hasattr(mod, "RUNS") and getattr(args, "runs", None):  # 13_moe.py: runs, each of one schedule
+        chosen = list(mod.RUNS) if "all" in args.runs else list(args.runs)
+        flag, keep = "--runs", [r for r in chosen if mod.RUNS[r][0] != name]
+    elif getattr(args, "schedules", None):
+        chosen = list(args.schedules)
+        flag, keep = "--schedules", [s for s in chosen if s != name]
+    else:
+        return None
+    if not keep or len(keep) == len(chosen):
+        return None
+    argv = list(cmd["args"])
+    if flag in argv:  # its values, up to the next flag
+        i = argv.index(flag)
+        j = next((k for k in range(i + 1, len(argv)) if argv[k].startswith("--")), len(argv))
+        del argv[i:j]
+    at = argv.index("--device") if "--device" in argv else len(argv)
+    argv[at:at] = [flag, *keep]
+    base = cmd.get("base", cmd["name"])
+    dropped = [*cmd.get("dropped", []), name]
+    return {**cmd, "name": f"{base} without {', '.join(dropped)}", "base": base, "dropped": dropped, "args": argv}

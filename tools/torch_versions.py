@@ -10,7 +10,9 @@ The launches are ``tools/script_matrix.py``'s (``tools/gpu_check.py``'s thirteen
 chapters 12-15's), on the CPU (gloo) at ``--nproc`` processes. A launch passes when it exits 0
 without a ``"match": false``; it is gated when the script refused before starting, in one line
 (``<script>: error: ...``, exit 2) with no traceback; anything else fails: a traceback, a timeout,
-a mismatch. The exit status is 1 when any launch failed.
+a mismatch. A launch refused for one schedule under this torch runs again without it (a row of its
+own, "... without ZBVZeroBubble"), so that the rest of the script is checked too. The exit status is
+1 when any launch failed.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ STATUSES = ("passed", "gated", "failed", "skipped")
 # where torchrun's own report of a failed rank begins (its traceback is the launcher's, not the script's)
 AGENT_REPORT = re.compile(r"torch/distributed/elastic/multiprocessing/api\.py:\d+\] failed \(exitcode")
 REFUSAL = re.compile(r"^(?:\[rank\d+\]:\s*)?(\S+\.py: error: .*)$")
+# a refusal for one schedule under this torch on gloo (ppbook.dist.schedule_backend_problem)
+REFUSED_SCHEDULE = re.compile(r"\.py: error: (\S+) (?:at \d+ process\(es\) )?on gloo \(CPU\) needs torch")
 
 
 def classify(returncode: int, output: str, data: dict | None) -> tuple[str, str | None]:
@@ -65,6 +69,24 @@ def run_one(cmd: dict, timeout: float) -> dict:
     if status == "failed":
         row["output_tail"] = r.output[-3000:]
     return row
+
+
+def run_narrowing(cmd: dict, timeout: float) -> list[dict]:
+    """:func:`run_one`; when it is refused for one schedule under this torch, the same launch without
+    that schedule as well (``script_matrix.without_schedule``), as often as that takes: the refused
+    launch's row, then the narrowed one's."""
+    import script_matrix
+
+    rows = [run_one(cmd, timeout)]
+    narrowed, row = cmd, rows[0]
+    while row["status"] == "gated" and (m := REFUSED_SCHEDULE.search(row["line"])):
+        narrowed = script_matrix.without_schedule(narrowed, m.group(1))
+        if narrowed is None:
+            break
+        row = run_one(narrowed, timeout)
+    if narrowed is not cmd and narrowed is not None:
+        rows.append(row)
+    return rows
 
 
 def version_key(version: str) -> tuple:
@@ -178,17 +200,15 @@ def main(argv=None) -> int:
         return 2
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"torch-{found}.json"
-    old = {r["name"]: r for r in json.loads(path.read_text())["runs"]} if args.only and path.is_file() else {}
+    old = json.loads(path.read_text())["runs"] if args.only and path.is_file() else []
     meta, runs = provenance(torch.__version__, args.nproc, argv), []
     for cmd in cmds:
-        if args.only and cmd["name"] not in args.only:
-            if cmd["name"] in old:
-                runs.append(old[cmd["name"]])
+        if args.only and cmd["name"] not in args.only:  # the rows of the last run, the narrowed ones too
+            runs += [r for r in old if r.get("base", r["name"]) == cmd["name"]]
             continue
-        runs.append({**run_one(cmd, args.timeout), "date": datetime.date.today().isoformat(),
-                     "book_commit": meta["book_commit"]})
-        print(f"{cmd['name']}: {runs[-1]['status']}" + (f" ({runs[-1]['line']})" if runs[-1].get("line") else ""),
-              flush=True)
+        for row in run_narrowing(cmd, args.timeout):
+            runs.append({**row, "date": datetime.date.today().isoformat(), "book_commit": meta["book_commit"]})
+            print(f"{row['name']}: {row['status']}" + (f" ({row['line']})" if row.get("line") else ""), flush=True)
     record = {"meta": meta, "runs": runs}
     path.write_text(json.dumps(record, indent=1) + "\n")
     (out / "README.md").write_text(render(out))
