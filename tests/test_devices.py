@@ -172,14 +172,15 @@ TRACKED_RUNS = [
     ("07_checkpointing.py", [*S, "--microbatches", "2", "--steps", "2", "--check"]),
     ("08_beyond_chain.py", [*S, "--microbatches", "2", "--steps", "1", "--check"]),
     ("09_scaling_out.py", [*S, "--microbatches", "2", "--dp", "1", "--steps", "1", "--check"]),
-    ("12_combinations.py", ["--section", "shapes", "--check", "--documents", "8", "--buckets", "16", "32",
-                            "--layers", "2", "--dim", "32"]),
+    ("12_combinations.py", ["--section", "shapes", "--check", "--documents", "16", "--batch-size", "4", "--buckets",
+                            "16", "32", "--layers", "2", "--dim", "32"]),
     ("12_combinations.py", ["--section", "recompute", "--check", "--layers", "2", "--dim", "32", "--steps", "1",
                             "--warmup", "0"]),
     ("13_moe.py", ["--pp", "1", "--ep", "1", "--check", "--layers", "2", "--dim", "32", "--steps", "1", "--warmup",
                    "0"]),
-    ("14_own_schedule.py", ["--check", "--schedules", "all", "--layers", "4", "--dim", "16", "--steps", "1",
-                            "--warmup", "0"]),
+    ("14_own_schedule.py", ["--check", "--schedules", "1F1B-hand", "1F1B", "Interleaved1F1B", "ZB-H2", "V-Half",
+                            "ZBVZeroBubble", "DualPipeV", "--layers", "4", "--dim", "16", "--steps", "1", "--warmup",
+                            "0"]),
     ("15_packed.py", ["--check", "--layers", "4", "--lengths"]),
     ("a1_migrate.py", ["--check", "--balance", "2", "--steps", "1"]),
 ]
@@ -307,6 +308,19 @@ def test_15_packed_keeps_a_blockmask_from_old_torchs_split_backward(monkeypatch,
     assert {("1F1B", "sdpa"), ("ZBVZeroBubble", "sdpa"), ("1F1B", "blockmask-kwarg")} <= set(ran)
     lines = [line for line in capsys.readouterr().out.splitlines() if "skipped" in line]
     assert len(lines) == 1 and "ZBVZeroBubble blockmask-kwarg" in lines[0] and "torch >= 2.13" in lines[0], lines
+
+
+def test_06_keeps_integer_ids_from_old_torchs_receive_buffers(monkeypatch):
+    """torch 2.11 makes every tensor a stage receives require a gradient, and integer document ids
+    cannot ("only Tensors of floating point dtype can require gradients": 06_loss_and_masks.py at two
+    processes): under torch < 2.13 the ids are not handed on as a tuple, and the run says so."""
+    mod = load_script("06_loss_and_masks.py")
+    monkeypatch.setattr(torch, "__version__", "2.11.0+cu130")
+    monkeypatch.setattr(mod, "MASK_VARIANTS", (("tuple", True, False),))
+    args = mod.parse_args(["--seq-len", "8"])
+    out = mod.mask_demo(args, ppdist.DistInfo(0, 2, 0, torch.device("cpu"), "gloo"))  # no peer: nothing may run
+    assert "torch >= 2.13" in out["skipped"]["tuple"] and "tuple" not in out
+    assert mod.torch_problem(True, 1) is None and mod.torch_problem(False, 2) is None
 
 
 # --- every GPU command the book prints ----------------------------------------------------------------

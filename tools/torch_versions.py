@@ -209,8 +209,7 @@ def main(argv=None) -> int:
         for row in run_narrowing(cmd, args.timeout):
             runs.append({**row, "date": datetime.date.today().isoformat(), "book_commit": meta["book_commit"]})
             print(f"{row['name']}: {row['status']}" + (f" ({row['line']})" if row.get("line") else ""), flush=True)
-    record = {"meta": meta, "runs": runs}
-    path.write_text(json.dumps(record, indent=1) + "\n")
+        path.write_text(json.dumps({"meta": meta, "runs": runs}, indent=1) + "\n")  # a run cut short keeps its rows
     (out / "README.md").write_text(render(out))
     failed = [r["name"] for r in runs if r["status"] == "failed"]
     print(f"{'FAILED: ' + ', '.join(failed) if failed else 'no launch failed'}; {path} and {out / 'README.md'}")
