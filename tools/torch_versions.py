@@ -168,7 +168,7 @@ def main(argv=None) -> int:
     p.add_argument("--expect", default=None, help="the torch version this interpreter must have (e.g. 2.11.0)")
     p.add_argument("--nproc", type=int, default=2, help="processes per launch (1 or 2 on a small CPU)")
     p.add_argument("--only", nargs="+", default=None, help="run only these launches (by name); the JSON keeps the rest")
-    p.add_argument("--timeout", type=float, default=1500.0, help="seconds per launch")
+    p.add_argument("--timeout", type=float, default=3600.0, help="seconds per launch (a busy CPU is slow)")
     p.add_argument("--inductor", action="store_true",
                    help="chapter 12's compile section with inductor, as on a GPU (minutes of compiling on a CPU; "
                         "default: the script's aot_eager)")
