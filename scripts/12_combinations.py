@@ -928,7 +928,7 @@ def pack(rows, lengths, T: int):
         row[2].extend([doc] * (n - 1))
     if row[0]:
         close()
-    return tuple(torch.tensor(x) for x in out)
+    return tuple(torch.tensor(x, device=rows.device) for x in out)  # where the rows were: a GPU's
 
 
 def documents(args, device):

@@ -55,9 +55,10 @@ FACTORIES = {getattr(torch, n) for n in (
     if hasattr(torch, n)}
 INDEXING = {torch.Tensor.__getitem__, torch.Tensor.__setitem__}
 COMMUNICATION = ("torch.distributed.distributed_c10d", "ppbook.nccl_rules")  # modules of collectives
-# cross-device by design: a copy, a move, storage swapped in
+# cross-device by design: a copy, a move, storage swapped in; a deep copy (its memo holds other tensors)
 CROSS = {torch.Tensor.copy_, torch.Tensor.to, torch.Tensor.set_, torch.Tensor.cpu, torch.Tensor.cuda,
-         torch._has_compatible_shallow_copy_type, torch.Tensor.is_set_to, torch.Tensor.is_same_size}
+         torch._has_compatible_shallow_copy_type, torch.Tensor.is_set_to, torch.Tensor.is_same_size,
+         torch.Tensor.__deepcopy__}
 
 
 def _where() -> str:
@@ -156,13 +157,28 @@ class RunDevice(TorchFunctionMode):
             return func(*args, **kwargs)
         flat = tree_flatten((args, kwargs))[0]
         indices = tree_flatten(args[1])[0] if func in INDEXING and len(args) > 1 else ()
-        if func not in CROSS:
-            self.check(func, flat, indices)
+        if func in CROSS:  # the result, where not in place, lies where its source does
+            out = func(*args, **kwargs)
+            return out if out is args[0] else self.mark(out, self.is_host(args[0]))
+        self.check(func, flat, indices)
         out = func(*args, **kwargs)
         tensors = [t for t in flat if isinstance(t, torch.Tensor)]
         if not tensors or any(out is t for t in tensors):  # in place: the mark stays
             return out
         return self.mark(out, all(self.is_host(t) for t in tensors))
+
+    def opaque(self, fn):
+        """``fn`` checked at its boundary, run with the mode paused: FlexAttention compiles itself with
+        TorchDynamo, which cannot trace through this mode."""
+        from torch.overrides import _pop_mode_temporarily
+
+        def checked(*args, **kwargs):
+            flat = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+            self.check(fn, flat)
+            with _pop_mode_temporarily():
+                out = fn(*args, **kwargs)
+            return self.mark(out, bool(flat) and all(self.is_host(t) for t in flat))
+        return checked
 
     def move(self, func, args, kwargs):
         """``.to(...)``, ``.cpu()``, ``.cuda()``: where the result lies. On the CPU a move to the CPU
@@ -224,5 +240,8 @@ def run_device_checked(monkeypatch):
     from torch.distributed import distributed_c10d as c10d
 
     monkeypatch.setattr(c10d, "_get_object_coll_device", lambda group=None: str(RUN))
+    from torch.nn.attention import flex_attention
+
+    monkeypatch.setattr(flex_attention, "flex_attention", mode.opaque(flex_attention.flex_attention))
     with mode:
         yield mode
