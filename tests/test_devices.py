@@ -170,6 +170,9 @@ TRACKED_RUNS = [
     ("06_train.py", ["--steps", "1", "--eval-batches", "1", "--batch-size", "4", "--seq-len", "16", "--layers", "2",
                      "--dim", "32", "--microbatches", "2", "--eval-impl", "stages"]),
     ("07_checkpointing.py", [*S, "--microbatches", "2", "--steps", "2", "--check"]),
+    ("07_checkpointing.py", [*S, "--microbatches", "2", "--steps", "2", "--save-dir", "{tmp}", "--save-every", "1",
+                             "--check"]),
+    ("07_checkpointing.py", [*S, "--microbatches", "2", "--steps", "3", "--save-dir", "{tmp}", "--resume", "--check"]),
     ("08_beyond_chain.py", [*S, "--microbatches", "2", "--steps", "1", "--check"]),
     ("09_scaling_out.py", [*S, "--microbatches", "2", "--dp", "1", "--steps", "1", "--check"]),
     ("12_combinations.py", ["--section", "shapes", "--check", "--documents", "16", "--batch-size", "4", "--buckets",
@@ -182,12 +185,14 @@ TRACKED_RUNS = [
                             "ZBVZeroBubble", "DualPipeV", "--layers", "4", "--dim", "16", "--steps", "1", "--warmup",
                             "0"]),
     ("15_packed.py", ["--check", "--layers", "4", "--lengths"]),
-    ("a1_migrate.py", ["--check", "--balance", "2", "--steps", "1"]),
+    ("a1_migrate.py", ["--check", "--balance", "2", "--steps", "1", "--checkpoint", "always"]),
+    ("06_train.py", ["--steps", "1", "--eval-batches", "1", "--batch-size", "4", "--seq-len", "16", "--layers", "2",
+                     "--dim", "32", "--microbatches", "2", "--dtype", "bfloat16", "--check"]),
 ]
 
 
 @pytest.mark.parametrize("script,argv", TRACKED_RUNS, ids=[f"{s}:{i}" for i, (s, _) in enumerate(TRACKED_RUNS)])
-def test_every_tensor_meets_tensors_on_its_device(script, argv, schedule_spy, monkeypatch):
+def test_every_tensor_meets_tensors_on_its_device(script, argv, schedule_spy, monkeypatch, tmp_path_factory):
     """A tensor made without the run's device (on a GPU: on the CPU) never meets one on it, nor reaches
     a collective; the schedules receive contiguous tensors (``schedule_spy``); the one-process
     references run on the run's device (09_scaling_out.py's ran on the CPU beside a GPU pipeline:
@@ -205,6 +210,8 @@ def test_every_tensor_meets_tensors_on_its_device(script, argv, schedule_spy, mo
             return real(*a, **k)
         monkeypatch.setattr(workload, name, spy)
     mod = load_script(script)
+    saves = tmp_path_factory.getbasetemp() / "run_device_checkpoints"  # 07's save, then its resume
+    argv = [str(saves) if a == "{tmp}" else a for a in argv]
     with run_device_checked(monkeypatch) as mode:
         try:
             assert mod.main([*argv, "--device", "cpu"]) == 0
