@@ -177,8 +177,9 @@ def inputs_and_targets(
     tokens, targets = rows[:, :-1].contiguous(), rows[:, 1:].clone()
     # (T,) on the rows' device: a CPU tensor beside a GPU one fails
     positions = torch.arange(targets.shape[1], device=targets.device)
+    lengths = lengths.to(targets.device)
     # target j is row[j + 1]
-    targets[positions[None, :] >= (lengths.to(targets.device)[:, None] - 1)] = IGNORE_INDEX
+    targets[positions[None, :] >= (lengths[:, None] - 1)] = IGNORE_INDEX
     return tokens, targets
 
 
