@@ -389,7 +389,22 @@ graph_calls = GraphCalls()
 REFUSAL = "schedule is not supported with stage modules that have used torch.compile"
 
 
+def torch_problem(name: str, mode: str, device: torch.device) -> str | None:
+    """Why the installed torch cannot run compile ``mode`` under schedule ``name`` on ``device``, or
+    ``None``: before 2.13 the split backward's weight pass fails at a block compiled in place
+    ("Attribute '_input_metadata' is invalid for this instance of _C._FunctionBase"), seen on the CPU
+    at two processes with torch 2.11 (the first GPU record ran it on an H200 at one process)."""
+    from torch.torch_version import TorchVersion
+
+    if mode == "in-place" and name in SPLIT and device.type == "cpu" and TorchVersion(torch.__version__) < (2, 13):
+        return f"needs torch >= 2.13 on the CPU, found {torch.__version__}: the weight pass fails at an in-place block"
+    return None
+
+
 def compile_run(name, mode, full, ref, tokens, targets, args, info) -> dict:
+    problem = torch_problem(name, mode, info.device)
+    if problem:  # the same on every rank: nothing is built
+        return {"schedule": name, "mode": mode, "refused": problem}
     backend = args.backend if mode == "eager" else graph_calls.backend(args.backend)  # its graphs' runs counted
     mods, stages, indices, num_stages = build_stages(name, full, args, info.rank, info.world_size, info.device,
                                                      compiled(mode, backend))

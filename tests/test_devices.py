@@ -330,6 +330,20 @@ def test_06_keeps_integer_ids_from_old_torchs_receive_buffers(monkeypatch):
     assert mod.torch_problem(True, 1) is None and mod.torch_problem(False, 2) is None
 
 
+def test_12_compile_keeps_in_place_blocks_from_old_torchs_weight_pass_on_the_cpu(monkeypatch):
+    """torch 2.11's weight pass (a split backward's W) fails on gloo at a block compiled in place
+    ("'_input_metadata' is invalid", InterleavedZeroBubble at two processes, found by make
+    torch-versions TORCH=2.11.0): that run is refused before anything is built, in the report's line."""
+    mod = load_script("12_combinations.py")
+    monkeypatch.setattr(torch, "__version__", "2.11.0+cu130")
+    monkeypatch.setattr(mod, "build_stages", lambda *a, **k: pytest.fail("stages were built"))
+    info = ppdist.DistInfo(0, 2, 0, torch.device("cpu"), "gloo")
+    run = mod.compile_run("InterleavedZeroBubble", "in-place", None, None, None, None, None, info)
+    assert "needs torch >= 2.13" in run["refused"]
+    assert mod.torch_problem("InterleavedZeroBubble", "in-place", torch.device("cuda", 0)) is None  # ran on an H200
+    assert mod.torch_problem("1F1B", "in-place", torch.device("cpu")) is None
+
+
 # --- every GPU command the book prints ----------------------------------------------------------------
 def printed_commands() -> list[tuple[str, str]]:
     """(where, command) of every torchrun/python command printed in a script's docstring, the README
