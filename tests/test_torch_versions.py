@@ -104,6 +104,12 @@ def test_the_table_has_a_column_per_version_and_quotes_each_gate(tmp_path):
     assert "| b.py | not run | skipped: staged on exactly 2 processes | passed |" in table
     assert "1. torch 2.11.0, a.py: `a.py: error: needs torch >= 2.13`" in table
     assert table.count("the book at abc1234;") == 3
+    rec = json.loads((tmp_path / "torch-2.11.0.json").read_text())
+    rec["meta"]["reruns"] = [{"date": "2026-11-29T00:00:00+00:00", "book_commit": "def5678", "book_tree_dirty": False,
+                              "command": "python tools/torch_versions.py --only a.py"}]
+    (tmp_path / "torch-2.11.0.json").write_text(json.dumps(rec))
+    assert "; then 2026-11-29, the book at def5678: `python tools/torch_versions.py --only a.py`." in \
+        torch_versions.render(tmp_path)
 
 
 def test_the_recorded_command_shows_no_path_of_this_machine(monkeypatch):

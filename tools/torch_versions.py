@@ -98,13 +98,14 @@ def base_version(version: str) -> str:
     return version.split("+")[0]
 
 
-def shown_command(argv: list[str]) -> str:
+def shown_command(argv: list[str], from_make: bool = True) -> str:
     """The command as a reader would type it: ``make torch-versions ...`` when make ran it (it says so in
     ``PPBOOK_VERSIONS_COMMAND``), without ``--out`` (a path of this machine) either way."""
     words = list(argv)
     if "--out" in words:
         del words[words.index("--out"):words.index("--out") + 2]
-    return os.environ.get("PPBOOK_VERSIONS_COMMAND") or "python tools/torch_versions.py " + " ".join(words)
+    made = os.environ.get("PPBOOK_VERSIONS_COMMAND") if from_make else None
+    return made or "python tools/torch_versions.py " + " ".join(words)
 
 
 def provenance(torch_version: str, nproc: int, argv: list[str]) -> dict:
@@ -158,7 +159,9 @@ def render(folder: Path = OUT) -> str:
         m = rec["meta"]
         lines.append(f"- torch {v}: {m['date'][:10]}, Python {m['python']}, {m['machine']}, {m['nproc']} "
                      f"process(es) per launch, the book at {m['book_commit']}"
-                     f"{' with uncommitted changes' if m['book_tree_dirty'] else ''}; `{m['command']}`.")
+                     f"{' with uncommitted changes' if m['book_tree_dirty'] else ''}; `{m['command']}`"
+                     + "".join(f"; then {r['date'][:10]}, the book at {r['book_commit']}: `{r['command']}`"
+                               for r in m.get("reruns", [])) + ".")
     return "\n".join(lines) + "\n"
 
 
@@ -200,8 +203,12 @@ def main(argv=None) -> int:
         return 2
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"torch-{found}.json"
-    old = json.loads(path.read_text())["runs"] if args.only and path.is_file() else []
-    meta, runs = provenance(torch.__version__, args.nproc, argv), []
+    previous = json.loads(path.read_text()) if args.only and path.is_file() else {"runs": []}
+    old, meta, runs = previous["runs"], provenance(torch.__version__, args.nproc, argv), []
+    if args.only and "meta" in previous:  # the last whole run's provenance, and this rerun's after it
+        rerun = {k: meta[k] for k in ("date", "book_commit", "book_tree_dirty")}
+        rerun["command"] = shown_command(argv, from_make=False)
+        meta = {**previous["meta"], "reruns": [*previous["meta"].get("reruns", []), rerun]}
     for cmd in cmds:
         if args.only and cmd["name"] not in args.only:  # the rows of the last run, the narrowed ones too
             runs += [r for r in old if r.get("base", r["name"]) == cmd["name"]]
