@@ -97,10 +97,12 @@ def test_the_table_has_a_column_per_version_and_quotes_each_gate(tmp_path):
     record("2.15.0+cu130", [{"name": "a.py", "status": "passed"}, {"name": "b.py", "status": "passed"}])
     record("2.9.1", [{"name": "a.py", "status": "failed"}])
     record("2.11.0+cu130", [{"name": "a.py", "status": "gated", "line": "a.py: error: needs torch >= 2.13"},
+                            {"name": "a.py without V", "base": "a.py", "status": "passed"},
                             {"name": "b.py", "status": "skipped", "skip": "staged on exactly 2 processes"}])
     table = torch_versions.render(tmp_path)
     assert "| launch | torch 2.9.1 | torch 2.11.0 | torch 2.15.0 |" in table  # by version, not by text
     assert "| a.py | failed | gated (1) | passed |" in table
+    assert "| a.py without V | not run | passed | not needed |" in table  # 2.9.1's a.py failed: not run
     assert "| b.py | not run | skipped: staged on exactly 2 processes | passed |" in table
     assert "1. torch 2.11.0, a.py: `a.py: error: needs torch >= 2.13`" in table
     assert table.count("the book at abc1234;") == 3
@@ -118,6 +120,27 @@ def test_the_recorded_command_shows_no_path_of_this_machine(monkeypatch):
         "python tools/torch_versions.py --nproc 2 --inductor"
     monkeypatch.setenv("PPBOOK_VERSIONS_COMMAND", "make torch-versions TORCH=2.11.0 NPROC=2")
     assert torch_versions.shown_command(["--out", "/x"]) == "make torch-versions TORCH=2.11.0 NPROC=2"
+
+
+def test_a_rerun_of_some_launches_keeps_the_others_rows(tmp_path, monkeypatch):
+    import torch
+
+    version = torch_versions.base_version(torch.__version__)
+    cmds = [{"name": n, "script": f"{n}.py", "nproc": 2, "args": []} for n in ("a", "b", "c")]
+    monkeypatch.setattr(script_matrix, "commands", lambda n, device, inductor=False: cmds)
+    monkeypatch.setattr(torch_versions, "run_one", lambda cmd, timeout: {**cmd, "status": "passed"})
+    meta = {"torch": torch.__version__, "python": "3.11.7", "machine": "m", "nproc": 2, "date": "2026-11-27T00:00:00",
+            "command": "make torch-versions", "book_commit": "old", "book_tree_dirty": False}
+    rows = [{"name": "a", "status": "passed"}, {"name": "b", "status": "failed"},
+            {"name": "c", "status": "gated", "line": "c.py: error: x"}, {"name": "c without V", "base": "c",
+                                                                        "status": "passed"}]
+    (tmp_path / f"torch-{version}.json").write_text(json.dumps({"meta": meta, "runs": rows}))
+    assert torch_versions.main(["--only", "b", "--out", str(tmp_path)]) == 0
+    rec = json.loads((tmp_path / f"torch-{version}.json").read_text())
+    assert [(r["name"], r["status"]) for r in rec["runs"]] == [("a", "passed"), ("b", "passed"), ("c", "gated"),
+                                                                ("c without V", "passed")]
+    assert rec["meta"]["book_commit"] == "old" and rec["meta"]["reruns"][0]["command"].endswith("--only b")
+    assert "| b | passed |" in (tmp_path / "README.md").read_text()
 
 
 def test_bad_input_is_one_line(capsys):

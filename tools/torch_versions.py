@@ -128,6 +128,7 @@ def render(folder: Path = OUT) -> str:
     records = sorted((json.loads(p.read_text()) for p in folder.glob("torch-*.json")),
                      key=lambda r: version_key(r["meta"]["torch"]))
     names = list(dict.fromkeys(row["name"] for rec in records for row in rec["runs"]))
+    base = {row["name"]: row["base"] for rec in records for row in rec["runs"] if row.get("base")}
     versions = [base_version(rec["meta"]["torch"]) for rec in records]
     lines = ["# The companion scripts under each torch version", "",
              "Written by `tools/torch_versions.py` (`make torch-versions TORCH=<version>`) from the JSON beside "
@@ -142,7 +143,10 @@ def render(folder: Path = OUT) -> str:
         cells = []
         for v, rec in zip(versions, records):
             row = next((r for r in rec["runs"] if r["name"] == name), None)
-            if row is None:
+            if row is None and name in base and any(r["name"] == base[name] and r["status"] == "passed"
+                                                    for r in rec["runs"]):
+                cells.append("not needed")  # the whole launch passed under this torch
+            elif row is None:
                 cells.append("not run")
             elif row["status"] == "gated":
                 notes.append(f"{len(notes) + 1}. torch {v}, {name}: `{row['line']}`")
@@ -217,6 +221,7 @@ def main(argv=None) -> int:
             runs.append({**row, "date": datetime.date.today().isoformat(), "book_commit": meta["book_commit"]})
             print(f"{row['name']}: {row['status']}" + (f" ({row['line']})" if row.get("line") else ""), flush=True)
         path.write_text(json.dumps({"meta": meta, "runs": runs}, indent=1) + "\n")  # a run cut short keeps its rows
+    path.write_text(json.dumps({"meta": meta, "runs": runs}, indent=1) + "\n")
     (out / "README.md").write_text(render(out))
     failed = [r["name"] for r in runs if r["status"] == "failed"]
     print(f"{'FAILED: ' + ', '.join(failed) if failed else 'no launch failed'}; {path} and {out / 'README.md'}")
