@@ -5,6 +5,7 @@ its launches, how it reads a launch's output, the table it writes, and the table
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import pytest
@@ -160,6 +161,8 @@ def test_the_committed_tables_hold_the_claimed_versions_with_provenance_and_no_f
         rec = json.loads(p.read_text())
         for key in ("torch", "python", "machine", "date", "command", "book_commit", "nproc"):
             assert rec["meta"].get(key) is not None, (p.name, key)
+        commands = [rec["meta"]["command"], *(r.get("command") or "" for r in rec["runs"])]
+        assert not [c for c in commands if any(w.startswith("/") for w in shlex.split(c))], p.name  # no path of ours
         failed = [r["name"] for r in rec["runs"] if r["status"] == "failed"]
         assert not failed, (p.name, failed)
         names = {r.get("base", r["name"]) for r in rec["runs"]}

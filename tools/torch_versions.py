@@ -62,7 +62,7 @@ def run_one(cmd: dict, timeout: float) -> dict:
     except launch.LaunchError as err:  # a timeout, or exit 0 without its JSON
         return {**cmd, "status": "failed", "output_tail": str(err)[-3000:]}
     status, line = classify(r.returncode, r.output, r.data)
-    row = {**cmd, "status": status, "command": r.shell_command, "returncode": r.returncode,
+    row = {**cmd, "status": status, "command": r.reader_command, "returncode": r.returncode,
            "seconds": round(r.seconds, 1)}
     if line:
         row["line"] = line
