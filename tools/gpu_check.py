@@ -45,6 +45,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_measure, beside this file
 
 import gpu_measure  # noqa: E402
+import script_matrix  # noqa: E402
 from gpu_measure import (BENCH_1B, BENCH_TINY, PEAK_BF16, TARGET_MFU, TARGET_RATIO, flops_per_token,  # noqa: E402,F401
                          llama_parameters, peak_flops)
 
@@ -54,21 +55,14 @@ SCRIPTS = ("01_minimal.py", "01_first_pipeline.py", "02_naive.py", "03_gpipe.py"
            "06_loss_and_masks.py", "06_train.py", "07_checkpointing.py", "08_beyond_chain.py",
            "09_scaling_out.py", "a1_migrate.py", "a3_troubleshooting.py")
 # Chapters 12-15 at one process, as the H200 record ran them (its run_gpu.py's EXTRA): a name per
-# launch, the script, its arguments before --device.
-ONE_PROCESS = {
-    "12_combinations.py:shapes": ("12_combinations.py", ["--section", "shapes", "--check"]),
-    "12_combinations.py:recompute": ("12_combinations.py", ["--section", "recompute", "--check"]),
-    "12_combinations.py:compile": ("12_combinations.py", ["--section", "compile", "--backend", "inductor",
-                                                          "--steps", "3", "--check"]),
-    "13_moe.py": ("13_moe.py", ["--pp", "1", "--ep", "1", "--check"]),
-    "14_own_schedule.py": ("14_own_schedule.py", ["--check", "--schedules", "1F1B-hand", "1F1B", "Interleaved1F1B",
-                                                  "ZB-H2", "V-Half", "ZBVZeroBubble", "DualPipeV"]),
-    "15_packed.py": ("15_packed.py", ["--check"]),
-}
+# launch, the script, its arguments before --device; the launches are script_matrix's, which the
+# torch-version tables run at two processes.
+ONE_PROCESS = {c["name"]: (c["script"], c["args"][:c["args"].index("--device")])
+               for c in script_matrix.extra_commands(1, "cuda")}
 LAUNCHES = (*SCRIPTS, *ONE_PROCESS)
 # Seconds each took on the H200 record: the longest start first, so that the streams end together.
-EXPECTED_S = {"12_combinations.py:compile": 100, "06_train.py": 16, "05_schedules.py": 23, "15_packed.py": 22,
-              "12_combinations.py:recompute": 22, "04_splitting.py": 22, "03_gpipe.py": 20}
+EXPECTED_S = {"12_combinations.py compile": 100, "06_train.py": 16, "05_schedules.py": 23, "15_packed.py": 22,
+              "12_combinations.py recompute": 22, "04_splitting.py": 22, "03_gpipe.py": 20}
 # The measurements: name, gpu_measure.py's verb and file, the seconds each may take on a GPU.
 MEASUREMENTS = (("bench", "bench.json", 150), ("mem", "mem.json", 120), ("costs", "costs.json", 120))
 PROFILE = ("profile", "profile.txt", 120)

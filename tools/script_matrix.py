@@ -7,7 +7,7 @@ chapter 12-15 launches that the first GPU record ran beside them (``EXTRA`` of
 
 ``tools/torch_versions.py`` runs them under another torch, and where a launch is refused for one
 schedule (torch < 2.13 on gloo), :func:`without_schedule` again without it; ``tools/gpu_check.py``
-may import :func:`extra_commands` for the GPU record (this module imports it only inside
+runs :func:`extra_commands` at one process for the GPU record (this module imports it only inside
 :func:`commands`, so either can import the other).
 """
 
@@ -37,10 +37,11 @@ def extra_commands(n: int, device: str, inductor: bool = True) -> list[dict]:
 
 
 def commands(n: int, device: str, inductor: bool = True) -> list[dict]:
-    """``tools/gpu_check.py``'s launches of its thirteen scripts, then :func:`extra_commands`."""
-    from gpu_check import script_commands
+    """``tools/gpu_check.py``'s launches of its thirteen scripts at ``n`` processes, then
+    :func:`extra_commands` at ``n`` (the GPU check runs those at one)."""
+    from gpu_check import SCRIPTS, script_commands
 
-    return [*script_commands(n, device), *extra_commands(n, device, inductor)]
+    return [*script_commands(n, device, SCRIPTS), *extra_commands(n, device, inductor)]
 
 
 def without_schedule(cmd: dict, name: str) -> dict | None:
