@@ -79,8 +79,8 @@
   const interSelect = options(dropdown("ppx-inter"), linkNames, null, data.gpus[data.request.gpu].network);
   const recipeSelect = options(dropdown("ppx-recipe"), data.choices.recipe, null, data.request_defaults.recipe);
   const kernelsSelect = options(dropdown("ppx-kernels"), data.choices.kernels, null, data.request_defaults.kernels);
-  const frameworkSelect = options(dropdown("ppx-framework"), Object.keys(data.calibration),
-                                  Object.keys(data.calibration).map((k) => k === "megatron" ? "Megatron-LM" : k),
+  const frameworkSelect = options(dropdown("ppx-framework"), Object.keys(data.calibration.family),
+                                  Object.keys(data.calibration.family).map((k) => k === "megatron" ? "Megatron-LM" : k),
                                   data.request_defaults.framework);
 
   const planSection = h("section", {id: "ppx-plan"}, [

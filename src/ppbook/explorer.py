@@ -73,15 +73,18 @@ def planner_data() -> dict:
 
 def calibration_data() -> dict:
     """Each framework's band on each GPU preset, and on any other GPU ("other"), with the lines
-    ``python -m ppbook.plan`` prints about it (:func:`ppbook.planner.calibration.band_for`)."""
-    out = {}
+    ``python -m ppbook.plan`` prints about it (:func:`ppbook.planner.calibration.band_for`): the
+    distinct bands once (``bands``), and for each framework and GPU the index of its own (``family``)."""
+    bands, family = [], {}
     for fw in calibration.FRAMEWORKS:
-        out[fw] = {}
+        family[fw] = {}
         for gpu in [*hardware.GPUS, ""]:
             band = calibration.band_for(gpu, fw)
-            out[fw][gpu or "other"] = {**asdict(band), "describe": band.describe(),
-                                       "cautions": calibration.cautions(gpu, fw)}
-    return out
+            entry = {**asdict(band), "describe": band.describe(), "cautions": calibration.cautions(gpu, fw)}
+            if entry not in bands:
+                bands.append(entry)
+            family[fw][gpu or "other"] = bands.index(entry)
+    return {"bands": bands, "family": family}
 
 
 def _plan():

@@ -1696,8 +1696,8 @@
 
   // port of plan._band: the band of the request's framework and GPU (a GPU that is no preset: every run's)
   Planner.prototype.band = function () {
-    var c = DATA.calibration[this.req.framework];
-    return c[this.req.gpu.name] || c.other;
+    var c = DATA.calibration, family = c.family[this.req.framework];
+    return c.bands[this.req.gpu.name in family ? family[this.req.gpu.name] : family.other];
   };
   function bandStep(band, stepS) { var c = stepS * band.factor; return [c, c * (1 + band.low), c * (1 + band.high)]; }
 
