@@ -492,6 +492,10 @@ def test_the_page_answers_issue_51s_question_as_the_command_line(planner_page_he
     assert shown["answer"].splitlines()[0] == first  # the answer's first line on the page
     assert "(pass times estimated from FLOPs)" in shown["answer"]
     assert all(line in shown["why"] for line in cli["why"])
+    # --why's list of the dropped layouts, as the command line prints it
+    dropped = [search.Prediction(search.Layout(**{k: o[k] for k in search.Layout.__dataclass_fields__}),
+                                 why_not=o["why_not"]) for o in cli["dropped"]]
+    assert shown["dropped"] == "\n".join(plan.drop_summary(dropped))
     assert shown["calibration"] == f"Times printed: {calibration_line(cli)}."
     assert shown["calibration"].startswith("Times printed: calibrated as torchtitan on H100s: 4 published runs")
     assert shown["caution"] == " ".join(cli["cautions"]) and shown["caution"].startswith("caution: uncorrected")

@@ -82,6 +82,7 @@ def answer(page) -> dict:
         return {calibration: $('ppx-calibration').textContent, caution: $('ppx-caution').textContent,
                 summary: $('ppx-summary').textContent, answer: $('ppx-answer').innerText, why: $('ppx-why').innerText,
                 winner_reason: JSON.parse(root.dataset.answer || 'null'), why_lines: JSON.parse(root.dataset.why || 'null'),
+                dropped: $('ppx-dropped').textContent,
                 tied: [...document.querySelectorAll('#ppx-table tbody tr')].map(r => r.dataset.tied === '1'),
                 cells: [...document.querySelectorAll('#ppx-table tbody tr')].map(r => [...r.children].map(td => td.textContent)),
                 head: [...document.querySelectorAll('#ppx-table thead th')].map(th => th.textContent),

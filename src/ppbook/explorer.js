@@ -116,6 +116,8 @@
     h("p", {id: "ppx-summary", class: "ppx-note"}),
     h("div", {id: "ppx-answer", class: "ppx-answer"}),
     h("div", {id: "ppx-why", class: "ppx-why"}),
+    h("details", {id: "ppx-dropped-box"}, [h("summary", {text: "Why the other layouts were dropped (as --why prints it)"}),
+      h("pre", {id: "ppx-dropped", class: "ppx-why-lines"})]),
     h("fieldset", {id: "ppx-layout"}, [h("legend", {text: "The selected layout (change any part)"}),
       field("tp", dropdown("ppx-tp")), field("cp", dropdown("ppx-cp")), field("p", dropdown("ppx-p")), field("schedule", dropdown("ppx-schedule")),
       field("v", dropdown("ppx-v")), field("m", dropdown("ppx-m")), field("ep", dropdown("ppx-ep")),
@@ -221,7 +223,8 @@
     } catch (e) {
       planner = null;
       $("ppx-error").textContent = e.message;
-      for (const id of ["ppx-header", "ppx-calibration", "ppx-caution", "ppx-summary", "ppx-layout-stats"]) $(id).textContent = "";
+      for (const id of ["ppx-header", "ppx-calibration", "ppx-caution", "ppx-summary", "ppx-layout-stats", "ppx-dropped"])
+        $(id).textContent = "";
       for (const id of ["ppx-table", "ppx-memory", "ppx-timeline", "ppx-answer", "ppx-why"]) $(id).replaceChildren();
       root.dataset.plans = String(Number(root.dataset.plans) + 1);
       return;
@@ -260,12 +263,14 @@
       const lines = planner.whyLines(ranked);
       why.appendChild(h("p", {class: "ppx-note", text: "Why this layout (as python -m ppbook.plan prints it):"}));
       why.appendChild(h("pre", {class: "ppx-why-lines", text: lines.join("\n")}));
+      $("ppx-dropped").textContent = P.dropSummary(result.dropped).join("\n");
       root.dataset.answer = JSON.stringify(planner.whyWinner(ranked));
       root.dataset.why = JSON.stringify(lines);
       $("ppx-export-kind").value = req.framework;
       choose(ranked[0].layout);
     } else {
       delete root.dataset.answer; delete root.dataset.why;
+      $("ppx-dropped").textContent = P.dropSummary(result.dropped).join("\n");
       const closest = planner.closest(result.dropped);
       $("ppx-summary").textContent = "No layout fits: " + (closest ? "the closest, " + closest.label + ", needs " +
         gb(closest.peak_bytes) + " GB on its fullest GPU of " + gb(P.usableBytes(req)) + " usable; use more GPUs, " +

@@ -1092,7 +1092,9 @@ def export(pred: search.Prediction, req: search.Request, kind: str) -> str:
     return "\n".join([f"# {n}" for n in notes] + [command])
 
 
-def _drop_summary(dropped: list[search.Prediction], limit: int = 20) -> list[str]:
+def drop_summary(dropped: list[search.Prediction], limit: int = 20) -> list[str]:
+    """What ``--why`` prints: how many layouts were dropped for each reason, most first, then the
+    first ``limit`` of them with their reason (the planner page shows the same)."""
     by_reason: dict[str, list[search.Prediction]] = {}
     for o in dropped:
         by_reason.setdefault((o.why_not or "").split(":")[0], []).append(o)
@@ -1151,7 +1153,7 @@ def main(argv=None) -> int:
             print(f"{'the winner' if not note else 'that layout'} as {args.export} configuration:")
             print(export(chosen, req, args.export))
     if args.why:
-        print("\n".join(_drop_summary(dropped)))
+        print("\n".join(drop_summary(dropped)))
     if args.json:
         Path(args.json).write_text(json.dumps({
             "request": {**asdict(req), "model": shapes.to_json(req.model), "gpu": asdict(req.gpu),

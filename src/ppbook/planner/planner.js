@@ -1968,6 +1968,23 @@
     return lines;
   };
 
+  // port of plan.drop_summary: what --why prints, the count of each reason (most first) and the first `limit` dropped
+  function dropSummary(dropped, limit) {
+    limit = limit === undefined ? 20 : limit;
+    var reasons = [], count = {};
+    dropped.forEach(function (o) {
+      var k = (o.why_not || "").split(":")[0];
+      if (!(k in count)) { count[k] = 0; reasons.push(k); }
+      count[k] += 1;
+    });
+    var order = reasons.map(function (k, i) { return [k, i]; })
+      .sort(function (a, b) { return count[b[0]] - count[a[0]] || a[1] - b[1]; });
+    var lines = order.map(function (x) { return count[x[0]] + " dropped: " + x[0]; });
+    dropped.slice(0, limit).forEach(function (o) { lines.push("  " + o.label + ": " + o.why_not); });
+    if (dropped.length > limit) lines.push("  ... and " + (dropped.length - limit) + " more (--json lists all)");
+    return lines;
+  }
+
   // a pin of the page (stages per rank, data-parallel sizes) as the command line's --v / --dp read it:
   // whole numbers, each at least 1 (request_from's words), separated by spaces or commas; empty: no pin
   function pins(text, flag) {
@@ -1989,7 +2006,7 @@
     activeParameters: activeParameters, routedExpertParameters: routedExpertParameters, layerActivationValues: layerActivationValues,
     layerCosts: layerCosts, headCosts: headCosts, efficiency: efficiency,
     layout: layout, label: label, numStages: numStages, usableBytes: usableBytes, Planner: Planner, pins: pins,
-    sig: sig, stepText: stepText,
+    sig: sig, stepText: stepText, dropSummary: dropSummary,
     load: function (data) { for (var k in data) DATA[k] = data[k]; return api; },
     data: function () { return DATA; }
   };
