@@ -5,8 +5,11 @@ Introduced in "Choosing a pipeline". A thin command line over the torch-free pla
 ``config.json``, a GPU preset or your own numbers, links, GPUs, batch), prints the ranked layouts,
 the winner's memory per GPU by kind and why it wins, and, on request, explains a layout you name
 (``--layout``) and writes the winner as a torchtitan 0.3.0 job (``torchrun ... -m torchtitan.train
---module ... --config ...`` and its overrides) or Megatron-LM arguments (``--export``); every time it
-prints is calibrated against published runs and carries its band (:mod:`ppbook.planner.calibration`).
+--module ... --config ...`` and its overrides) or Megatron-LM's ``pretrain_gpt.py`` command
+(``--export``); every time it prints is calibrated against the published runs of the framework it
+will run on its GPU's generation (``--framework``), says whether its pass times were measured or
+estimated, and carries its band (:mod:`ppbook.planner.calibration`); the layouts within the winner's
+band are printed as a tie.
 
     python -m ppbook.plan --model llama3-8b --gpu h100-sxm --gpus 8 --global-batch 64 --seq-len 8192
     python -m ppbook.plan --model llama3-70b --gpus 64 --global-batch 1024 --seq-len 8192 --export torchtitan

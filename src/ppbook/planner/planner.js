@@ -3,10 +3,12 @@
  * A line-by-line port of the torch-free Python planner (src/ppbook/planner: schedules.py,
  * simulate.py, shapes.py, memory.py, traffic.py, costs.py, hardware.py, search.py), so that the
  * page answers in the reader's browser, offline and from file://, what `python -m ppbook.plan`
- * answers. The data it starts from (presets, GPUs, links, the H100 measurements, the fitted
- * efficiencies) is exported by the Python package itself (ppbook.explorer.planner_data), never
- * typed here. tests/test_explorer.py runs both on a grid of requests and layouts and requires the
- * same answers (memory, step time, bubble, ranking) to 1e-9.
+ * answers, and of plan.py's answer (the tie, the why-lines, when a pipeline pays, the exports), so
+ * that the page prints the command line's lines. The data it starts from (presets, GPUs, links, the
+ * H100 measurements, the fitted efficiencies, the bands computed from the published runs) is
+ * exported by the Python package itself (ppbook.explorer.planner_data), never typed here.
+ * tests/test_explorer.py runs both on a grid of requests and layouts and requires the same answers
+ * (memory, step time, bubble, ranking, the answer's lines) to 1e-9.
  *
  * Names follow the Python ones (camelCase); each function says which one it ports.
  */
