@@ -80,6 +80,8 @@ class Request:
     #                                    constraint_problem), or "freed" (Megatron-LM, DeepSpeed, Llama 3)
     overlap_f_b: bool = False          # a function is registered for DualPipeV's OVERLAP_F_B actions (DeepSeek's
     #                                    runtime); torch and torchtitan 0.3.0 register none: the halves run in turn
+    framework: str = "torchtitan"      # what the reader will run: it picks the published runs that calibrate the
+    #                                    printed times (ppbook.planner.calibration); the search is the same
 
     # every cache of the search is keyed on the request, whose model, GPU and links hash field by
     # field: hashed once (hashing it anew on every look-up took a tenth of a search)
