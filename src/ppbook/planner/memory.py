@@ -565,11 +565,13 @@ def book_parameter_tensors(shape: ModelShape) -> list[tuple[str, int, bool]]:
 @dataclass(frozen=True)
 class Peak:
     """The most bytes one training step holds at once, by part (the parts add up to ``total``),
-    and the moment it happens; ``moments``: every candidate moment's total."""
+    and the moment it happens; ``moments``: every candidate moment's total; ``in_flight``: how
+    many microbatches' activations that moment holds."""
     total: float
     parts: dict
     moment: str
     moments: dict = field(default_factory=dict)
+    in_flight: int = 0
 
 
 PEAK_SCHEDULES = ("GPipe", "1F1B", "none")
@@ -635,11 +637,11 @@ def training_peak(shape: ModelShape, schedule: str, m: int, microbatch_size: int
         "workspaces": [CUBLAS_WORKSPACE_BYTES] * CUBLAS_WORKSPACES if device == "cuda" else [],
     }
 
-    def moment(label: str, parts_lists: dict) -> Peak:
+    def moment(label: str, parts_lists: dict, in_flight: int = 0) -> Peak:
         lists = {**fixed, **parts_lists}
         parts = {k: float(sum(v)) for k, v in lists.items()}
         parts["allocator rounding"] = sum(size(t) - t for v in lists.values() for t in v)
-        return Peak(sum(parts.values()), parts, label)
+        return Peak(sum(parts.values()), parts, label, in_flight=in_flight)
 
     keep = schedule != "none"
     acts = sched.order("1F1B" if schedule == "none" else schedule, 1, m)[0]
@@ -661,7 +663,7 @@ def training_peak(shape: ModelShape, schedule: str, m: int, microbatch_size: int
             "logits (bf16)": [2 * V * n] * (forwards if keep else 0),
             "loss scalars": [scalar] * ((forwards + m if keep else k) + k),
             "loss backward": [4 * V * n] * 2,
-        })
+        }, in_flight=k)
         totals[here.moment] = here.total
         best = here if best is None or here.total > best.total else best
         held.remove(a.microbatch)
