@@ -322,6 +322,8 @@ def test_three_hundred_layouts_are_the_pythons(js):
                 assert close(start, e.start) and close(end, e.end), (k, layout.label())
     assert schedules_seen == set(S.TORCH_SCHEDULES) | {search.NO_PIPELINE}
     assert any(c.ep > 1 and c.schedule == "DualPipeV" for _, c in chosen) and any(c.ep > 1 for _, c in chosen)
+    # experts folded over tensor parallelism (ep beyond dp), and split by expert tensor parallelism
+    assert any(c.ep > c.dp for _, c in chosen) and any(c.etp > 1 for _, c in chosen)
     assert any(c.cp > 1 for _, c in chosen)
 
 

@@ -506,8 +506,9 @@ def table(ranked: list[search.Prediction], top: int, req: search.Request | None 
     band = _band(req)
     experts = any(o.layout.ep > 1 for o in ranked[:top])  # an ep column only where expert parallelism is used
     context = any(o.layout.cp > 1 for o in ranked[:top])  # a cp column only where context parallelism is used
+    split = any(o.layout.etp > 1 for o in ranked[:top])   # an etp column only where experts are split
     rows = [f"{'':>3} {'tp':>2} " + (f"{'cp':>2} " if context else "") + f"{'pp':>3} {'v':>2} {'dp':>4} " +
-            (f"{'ep':>3} " if experts else "") +
+            (f"{'ep':>3} " if experts else "") + (f"{'etp':>3} " if split else "") +
             f"{'sharding':>8} {'schedule':>21} {'balance':>7} {'b':>2} {'m':>5} "
             f"{'recompute':>9} {'step s':>7} {'band s':>11} {'tok/s/GPU':>9} {'MFU':>5} {'bubble':>6} {'GB/GPU':>6}"]
     for i, o in enumerate(ranked[:top], 1):
@@ -515,7 +516,7 @@ def table(ranked: list[search.Prediction], top: int, req: search.Request | None 
         centre, short, long = band.step(o.step_s)
         tps = band.throughput(o.tokens_per_s_per_gpu)[0]
         rows.append(f"{i:>3} {c.tp:>2} " + (f"{c.cp:>2} " if context else "") + f"{c.p:>3} {c.v:>2} {c.dp:>4} " +
-                    (f"{c.ep:>3} " if experts else "") +
+                    (f"{c.ep:>3} " if experts else "") + (f"{c.etp:>3} " if split else "") +
                     f"{c.sharding:>8} {c.schedule:>21} {c.balance if c.p > 1 else '':>7} {c.b:>2} "
                     f"{c.m:>5} {c.recompute:>9} {_sig(centre, 3):>7} {_sig(short) + '-' + _sig(long):>11} "
                     f"{tps:>9.0f} {100 * o.mfu / band.factor:>4.0f}% {100 * o.bubble:>5.1f}% {o.peak_gb:>6.1f}")
