@@ -215,6 +215,7 @@ def test_fp8_memory_each_recipe_keeps():
     (["--precision", "fp8", "--recipe", "fp32"], "use --recipe bf16 or bf16-grads"),
     (["--optimizer", "lion"], "invalid choice: 'lion'"),
     (["--moe-imbalance", "0.5"], "--moe-imbalance"),
+    (["--fp8-recipe", "delayed"], "add --precision fp8"),
 ])
 def test_precision_and_optimizer_refusals_are_one_line(args, message, capsys):
     status, out = run(["--model", "llama3-8b", "--gpus", "8", "--global-batch", "64", "--seq-len", "4096"] + args, capsys)
@@ -319,6 +320,10 @@ def test_the_published_moe_and_fp8_runs_are_read_as_published():
     assert published.published_tokens_per_s(rows["deepseek-v3-2048-h800"]) == pytest.approx(1e12 / (180e3 * 3600))
     for row in rows.values():
         assert row["source"] and row["quote"] and row.get("precision", "bf16") in memory.PRECISIONS, row["id"]
+        lay = row["layout"]
+        ranks = lay["tp"] * lay.get("cp", 1) * lay["dp"]
+        assert ranks * lay["pp"] == row["gpus"], row["id"]  # the layout covers the GPUs
+        assert ranks % (lay.get("ep", 1) * lay.get("etp", 1)) == 0, row["id"]  # the experts fold over tp x cp x dp
     sweep = published.sweeps(data)["qwen3-235b-256-h100-modelzoo"]
     assert len(sweep) >= 4 and len({(r["model"], r["gpus"], r["global_batch"]) for r in sweep}) == 1
     assert any("not_cut" in r for r in sweep)  # listed, with why the planner cannot cut it

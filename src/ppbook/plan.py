@@ -109,9 +109,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--precision", choices=PRECISION_FLAGS, default="bf16",
                    help="the blocks' matrix products: bf16, or FP8 with --fp8-recipe (the embedding, head, router, "
                         "norms, attention's softmax products and all communication stay bf16)")
-    g.add_argument("--fp8-recipe", choices=FP8_RECIPES, default="current",
-                   help="with --precision fp8: per-tensor delayed or current scaling, blockwise (DeepSeek-V3's 1x128 "
-                        "and 128x128 blocks; Hopper), or mxfp8 (Blackwell)")
+    g.add_argument("--fp8-recipe", choices=FP8_RECIPES, default=None,
+                   help="with --precision fp8: per-tensor current (the default) or delayed scaling, blockwise "
+                        "(DeepSeek-V3's 1x128 and 128x128 blocks; Hopper), or mxfp8 (Blackwell)")
     g.add_argument("--optimizer", choices=list(memory.OPTIMIZER_STATE), default="adamw",
                    help="its state per parameter: adamw two float32 moments, adamw-bf16 two bf16 moments, muon and "
                         "sgd one momentum buffer, adafactor factored second moments")
@@ -266,6 +266,7 @@ def precision_name(precision: str, recipe: str) -> str:
     ``--fp8-recipe``: ``bf16``, ``fp8-current``, ``fp8-delayed``, ``fp8-blockwise`` or ``mxfp8``."""
     if precision == "bf16":
         return "bf16"
+    recipe = recipe or "current"
     return "mxfp8" if recipe == "mxfp8" else f"fp8-{recipe}"
 
 
@@ -273,6 +274,8 @@ def moe_fp8_options(args: argparse.Namespace) -> dict:
     """The request's fields from the flags of issue 52 (precision, optimizer, experts), checked."""
     for name in ("moe_imbalance", "capacity_factor"):
         _finite(f"--{name.replace('_', '-')}", getattr(args, name), 0.0, inclusive=True)
+    if args.fp8_recipe and args.precision != "fp8":
+        raise ValueError(f"--fp8-recipe {args.fp8_recipe} is an FP8 recipe: add --precision fp8")
     if args.moe_imbalance < 1:
         raise ValueError(f"--moe-imbalance is the busiest expert-parallel rank's tokens over the mean, at least 1; "
                          f"got {args.moe_imbalance:g}")

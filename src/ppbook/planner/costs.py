@@ -37,6 +37,13 @@ an assumption stated in the planner's output. The efficiency is that of a whole 
 one microbatch on one GPU; tensor and context parallelism then divide the pass's time by their
 sizes without a further loss (an assumption the measurements do not cover).
 
+A mixture of experts' layer is timed as each GPU runs it (:func:`moe_dense_costs`,
+:func:`expert_costs`): the experts' grouped products at the rows each expert gets, which
+DeepGEMM's published grouped-GEMM throughput says reach less of the GPU below 4,096 rows
+(:func:`expert_rows_factor`). Under an FP8 recipe the blocks' linear layers run at the speed-ups
+Transformer Engine's GEMM benchmark published (:data:`FP8_GEMM_MS`, quantization included),
+attention's score and value products, the router and the head at bf16's (:func:`fp8_factors`).
+
 FLOPs of one layer for ``N`` tokens of sequences of length ``s`` (causal attention computes half
 of the score matrix):
 

@@ -66,6 +66,11 @@ temporaries, :func:`optimizer_step_bytes`), the schedule's outputs not kept
 (``return_outputs=False``), and gradients counted at every peak (a conservative bound: before a
 step's first backward none exists). cuBLAS's workspaces and the allocator's rounding and
 fragmentation are in its ``headroom``.
+
+**FP8 and other optimizers** (issue 52): an FP8 recipe (:data:`PRECISIONS`) adds the FP8 copies of
+the linear layers' weights and keeps their inputs in FP8 for the backward
+(:func:`fp8_saved_values`), with delayed scaling's history of maxima; an optimizer other than Adam
+keeps its own state (:data:`OPTIMIZER_STATE`, :func:`recipe_for`).
 """
 
 from __future__ import annotations

@@ -3,8 +3,11 @@
 Introduced in "Choosing a pipeline". ``data/published/runs.json`` holds runs whose authors
 published their layout and their throughput (and, for torchtitan, their peak memory), each
 with its source and the line it quotes; under ``moe_runs``, mixtures of experts with their
-expert parallelism (chapter "Mixture of experts"), whose throughput is not comparable or not
-published. For each run :func:`compare` poses the planner the
+expert parallelism (chapters "Mixture of experts" and "Choosing a pipeline"), and under
+``fp8_runs`` dense runs in FP8, each with its ``precision`` and the options its framework ran
+(``options``: dispatcher, optimizer, memory recipe); rows that share a ``sweep`` measured several
+layouts of one model on one cluster (:func:`sweeps`, :func:`sweep_correlation`). For each run
+:func:`compare` poses the planner the
 same question (model, GPUs, links, global batch, sequence length), restricted to what the run's
 framework could do at the time (its schedules, sharding modes and kernels) and to the choices
 its authors state they fixed (recomputation, microbatch size, and for a benchmark of schedules the

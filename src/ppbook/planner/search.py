@@ -7,7 +7,13 @@ first and last stages even or lightened (``balance``), ``dp`` data-parallel repl
 is sharded one of four ways, microbatches of ``b`` sequences, ``m`` of them per replica and step,
 and recomputation. Ranks are laid out as Megatron-LM and torchtitan lay them out: tensor parallel
 innermost, then data parallel, pipeline outermost (so a data-parallel group spans ``dp x tp``
-consecutive GPUs, and pipeline hand-offs cross nodes first).
+consecutive GPUs, and pipeline hand-offs cross nodes first). A mixture of experts' experts are
+laid out over the same GPUs again, ``ep`` expert-parallel GPUs of ``etp`` each
+(:func:`expert_layouts`: Megatron-Core's MoE parallel folding, so ``ep`` may exceed ``dp``), and
+its MoE layers timed as each GPU runs them (:func:`moe_layer_seconds`). The matrix products run
+in bf16 or in FP8 by recipe (``precision``: :mod:`ppbook.planner.costs`' measured speed-ups,
+:class:`ppbook.planner.memory.Precision`'s bytes); the optimizer's state is Adam's unless
+``optimizer`` says otherwise.
 
 For each candidate :func:`predict` computes:
 
