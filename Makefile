@@ -14,7 +14,7 @@ TORCH_PIN := $(shell grep -m1 '^torch==' requirements-reader.txt)
 
 NOTEBOOKS_BRANCH := $(shell sed -n 's/^ *ppbook_notebooks_branch: *\([^ #]*\).*/\1/p' _config.yml)
 
-.PHONY: book book-cached notebooks publish-notebooks pdf test test-fast test-scripts bench bench-schedules bench-plan bench-planner bench-compile record-own-schedule page-times gpu-check browser-deps clean
+.PHONY: book book-cached notebooks publish-notebooks pdf test test-fast test-scripts bench bench-schedules bench-plan bench-planner bench-compile record-own-schedule page-times gpu-check torch-versions browser-deps clean
 
 $(STAMP): requirements.txt requirements-reader.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] >= (3, 10) else "ppbook needs Python >= 3.10 (3.11 recommended), found " + sys.version.split()[0])'
@@ -104,8 +104,31 @@ page-times: $(STAMP)
 # On a machine with GPUs: every script with --check on the GPUs present (one process per GPU) and a
 # bf16 throughput benchmark of 06_train on one GPU; one JSON per run in data/gpu/, non-zero exit on
 # any failure (and on a machine without a GPU).
-gpu-check: $(STAMP)
-	$(BIN)/python tools/gpu_check.py
+# The whole GPU record (tools/gpu_check.py, about 7 minutes on one H100 or H200): no $(STAMP), so
+# that a GPU machine without network runs it with its own python3 and torch; GPU_OUT names the
+# folder (default data/gpu/<gpu>-<date>).
+GPU_PYTHON = $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
+GPU_OUT ?=
+gpu-check:
+	PYTHONPATH=src$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PYTHON) tools/gpu_check.py $(if $(GPU_OUT),--out $(GPU_OUT))
+
+# Every companion script's check under another torch than the pinned one (the book claims 2.11 to
+# 2.15): a scratch venv outside the repository (TORCH_VENV) with PyPI's torch==$(TORCH) (on Linux the
+# CUDA build, about 3 GB, which runs on a CPU too) and the book's runtime libraries, then
+# tools/torch_versions.py in it: tools/script_matrix.py's launches on NPROC CPU processes each
+# (chapter 12's compile section with its own aot_eager backend; the tool's --inductor for inductor),
+# data/versions/torch-$(TORCH).json and the table data/versions/README.md. Hours on 2 busy cores; not
+# part of `make test`. Where a pip config caps torch, prefix PIP_CONFIG_FILE=/dev/null.
+TORCH ?=
+TORCH_VENV ?= $(HOME)/.cache/ppbook/torch-$(TORCH)
+NPROC ?= 2
+torch-versions:
+	@test -n "$(TORCH)" || { echo "make torch-versions: name the version, e.g. make torch-versions TORCH=2.11.0" >&2; exit 2; }
+	test -x $(TORCH_VENV)/bin/python || $(PYTHON) -m venv $(TORCH_VENV)
+	$(TORCH_VENV)/bin/python -c 'import torch, sys; sys.exit(torch.__version__.split("+")[0] != "$(TORCH)")' 2>/dev/null \
+	  || $(TORCH_VENV)/bin/python -m pip install --quiet "torch==$(TORCH)" -r <(grep -v '^torch==' requirements-reader.txt)
+	PYTHONPATH=$(CURDIR)/src PPBOOK_VERSIONS_COMMAND="make torch-versions TORCH=$(TORCH) NPROC=$(NPROC)" \
+	  $(TORCH_VENV)/bin/python tools/torch_versions.py --expect $(TORCH) --nproc $(NPROC)
 
 clean:
 	rm -rf _build

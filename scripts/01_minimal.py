@@ -19,8 +19,7 @@ pipeline that holds the whole model. The last stage prints the loss of every ste
 which tests/test_minimal_pipeline.py compares with one process.
 """
 
-from __future__ import annotations
-
+# [start-program]
 import argparse
 import json
 import os
@@ -32,50 +31,6 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--layers", type=int, default=4, help="transformer layers in the full model")
-    p.add_argument("--dim", type=int, default=32)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--vocab", type=int, default=64)
-    p.add_argument("--seq-len", type=int, default=16)
-    p.add_argument("--batch-size", type=int, default=8, help="divisible by --microbatches")
-    p.add_argument("--microbatches", type=int, default=4, help="m: the batch is cut into this many")
-    p.add_argument("--steps", type=int, default=3, help="optimizer steps (AdamW)")
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
-                   help="cpu: gloo; cuda: NCCL, one GPU per process")
-    p.add_argument("--json", default=None, help="write losses and parameters to this path (rank 0)")
-    return p.parse_args(argv)
-
-
-def validate(args: argparse.Namespace, world_size: int) -> None:
-    """Refuse a bad combination in one line, before any process group exists."""
-    for name in ("layers", "dim", "heads", "vocab", "seq_len", "batch_size", "microbatches", "steps"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
-    if args.batch_size % args.microbatches:
-        raise ValueError(f"--batch-size {args.batch_size} is not divisible by --microbatches {args.microbatches}: "
-                         f"every microbatch must have the same size; try --batch-size "
-                         f"{-(-args.batch_size // args.microbatches) * args.microbatches}")
-    if args.layers < world_size:
-        raise ValueError(f"{world_size} processes need at least {world_size} layers (one stage each), got "
-                         f"--layers {args.layers}; raise --layers or lower --nproc-per-node")
-    if args.dim % args.heads:
-        raise ValueError(f"--dim {args.dim} must be divisible by --heads {args.heads}")
-    if args.device == "cuda":
-        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        procs = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-        if gpus < procs:
-            fix = "drop --device cuda" if gpus == 0 else f"use --nproc-per-node {gpus} or fewer"
-            raise ValueError(f"--device cuda: found {gpus} GPU(s) for {procs} process(es) on this machine (one "
-                             f"GPU each: NCCL refuses two processes on one GPU); {fix}")
-    if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
-        raise ValueError(f"--json {args.json}: its folder does not exist; create it or pick another path")
-
-
-# [start-program]
 class Model(nn.Module):
     """Embedding, layers (a ModuleDict), norm, head; forward skips what is None."""
 
@@ -161,9 +116,65 @@ def train(args: argparse.Namespace) -> None:
         if mb_losses:                                  # only the last stage has them
             losses.append(torch.stack(mb_losses).mean().item())
             print(f"step {step}: loss {losses[-1]:.4f}")
-    report(args, rank, world_size, stage_mod, losses)  # comm: gather on rank 0
+    report(args, rank, world_size, stage_mod, losses)  # comm: --json, on rank 0
     dist.destroy_process_group()
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)  # the flags and their checks follow main in the file
+    try:
+        validate(args, int(os.environ.get("WORLD_SIZE", 1)))
+    except ValueError as err:
+        if os.environ.get("RANK", "0") == "0":  # every rank fails it: one prints it
+            print(f"01_minimal.py: error: {err}", file=sys.stderr)
+        return 2
+    train(args)
+    return 0
 # [end-program]
+
+
+# === the flags, their checks, and the JSON the book's tests read ===
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--layers", type=int, default=4, help="transformer layers in the full model")
+    p.add_argument("--dim", type=int, default=32)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--vocab", type=int, default=64)
+    p.add_argument("--seq-len", type=int, default=16)
+    p.add_argument("--batch-size", type=int, default=8, help="divisible by --microbatches")
+    p.add_argument("--microbatches", type=int, default=4, help="m: the batch is cut into this many")
+    p.add_argument("--steps", type=int, default=3, help="optimizer steps (AdamW)")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="cpu: gloo; cuda: NCCL, one GPU per process")
+    p.add_argument("--json", default=None, help="write losses and parameters to this path (rank 0)")
+    return p.parse_args(argv)
+
+
+def validate(args: argparse.Namespace, world_size: int) -> None:
+    """Refuse a bad combination in one line, before any process group exists."""
+    for name in ("layers", "dim", "heads", "vocab", "seq_len", "batch_size", "microbatches", "steps"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.batch_size % args.microbatches:
+        raise ValueError(f"--batch-size {args.batch_size} is not divisible by --microbatches {args.microbatches}: "
+                         f"every microbatch must have the same size; try --batch-size "
+                         f"{-(-args.batch_size // args.microbatches) * args.microbatches}")
+    if args.layers < world_size:
+        raise ValueError(f"{world_size} processes need at least {world_size} layers (one stage each), got "
+                         f"--layers {args.layers}; raise --layers or lower --nproc-per-node")
+    if args.dim % args.heads:
+        raise ValueError(f"--dim {args.dim} must be divisible by --heads {args.heads}")
+    if args.device == "cuda":
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        procs = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        if gpus < procs:
+            fix = "drop --device cuda" if gpus == 0 else f"use --nproc-per-node {gpus} or fewer"
+            raise ValueError(f"--device cuda: found {gpus} GPU(s) for {procs} process(es) on this machine (one "
+                             f"GPU each: NCCL refuses two processes on one GPU); {fix}")
+    if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
+        raise ValueError(f"--json {args.json}: its folder does not exist; create it or pick another path")
 
 
 def report(args, rank: int, world_size: int, stage_mod: nn.Module, losses: list[float]) -> None:
@@ -178,18 +189,6 @@ def report(args, rank: int, world_size: int, stage_mod: nn.Module, losses: list[
                        "torch_version": torch.__version__, "losses": everyone[-1]["losses"],
                        "layers_per_stage": [[int(i) for i in e["layers"]] for e in everyone],
                        "params": {n: v for e in everyone for n, v in e["params"].items()}}, f)
-
-
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    try:
-        validate(args, int(os.environ.get("WORLD_SIZE", 1)))
-    except ValueError as err:
-        if os.environ.get("RANK", "0") == "0":  # every rank fails the same check: one prints it
-            print(f"01_minimal.py: error: {err}", file=sys.stderr)
-        return 2
-    train(args)
-    return 0
 
 
 if __name__ == "__main__":

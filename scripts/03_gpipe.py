@@ -120,25 +120,33 @@ def make_runner(impl, m, full, tokens, targets, info):
     return stage_mod, rec, step, losses
 
 
-def run_configs(m, full, reference, tokens, targets, args, info) -> list[dict] | None:
-    """Every implementation at this m, their measured steps interleaved (scratch, torch, scratch,
-    ...) so that both see the same moments of a shared machine's noise."""
-    runners = {impl: make_runner(impl, m, full, tokens, targets, info) for impl in args.impl}
-    records = {impl: [] for impl in args.impl}
-    for i in range(args.warmup + args.steps):
-        warm = i < args.warmup  # unmeasured: allocator and caches settle
-        for impl, (_, rec, step, _) in runners.items():
-            records[impl] += measure.timed_steps(step, rec, int(warm), int(not warm), info.device) or []
+def rounds(configs: list, warmup: int, steps: int) -> list[tuple]:
+    """The order in which the steps run: round after round, one step of every configuration per
+    round, the ``warmup`` rounds first (unmeasured: allocator and caches settle). Each entry is
+    (configuration, whether it is a warm-up step)."""
+    return [(config, i < warmup) for i in range(warmup + steps) for config in configs]
+
+
+def run_configs(full, reference, tokens, targets, args, info) -> list[dict] | None:
+    """Every m and implementation, their measured steps interleaved in rounds (m = 1 scratch,
+    m = 1 torch, m = 2 scratch, ...): every configuration, the naive m = 1 included, sees the same
+    moments of a shared machine's noise, and round i of one compares with round i of another."""
+    runners = {(m, impl): make_runner(impl, m, full, tokens, targets, info)
+               for m in args.microbatches for impl in args.impl}
+    records = {key: [] for key in runners}
+    for key, warm in rounds(list(runners), args.warmup, args.steps):
+        _, rec, step, _ = runners[key]
+        records[key] += measure.timed_steps(step, rec, int(warm), int(not warm), info.device) or []
     out = []
     tol = precision.tolerance(args.dtype)
-    for impl, (stage_mod, _, _, losses) in runners.items():
+    for (m, impl), (stage_mod, _, _, losses) in runners.items():
         loss = workload.mean_loss(losses[-1]) if info.is_last else None
         check = [None] * info.world_size
         dist.all_gather_object(check, {"rank": info.rank, "loss": loss, **workload.compare(stage_mod, reference[m][0])})
         if info.rank == 0:
             ok = abs(check[-1]["loss"] - reference[m][1]) <= tol and all(c["max_grad_diff"] <= tol for c in check)
             out.append({"impl": impl, "microbatches": m, "match": ok, "stages": check,
-                        "reference_loss": reference[m][1], **measure.summarise_steps(records[impl])})
+                        "reference_loss": reference[m][1], **measure.summarise_steps(records[(m, impl)])})
     return out if info.rank == 0 else None
 
 
@@ -149,7 +157,7 @@ def body(args: argparse.Namespace, info) -> int:
     for m in args.microbatches:  # one-process reference gradients, one per m (same microbatches)
         model = copy.deepcopy(full)
         reference[m] = (model, workload.reference_backward(model, tokens, targets, m))
-    runs = [run for m in args.microbatches for run in run_configs(m, full, reference, tokens, targets, args, info) or []]
+    runs = run_configs(full, reference, tokens, targets, args, info) or []
     if info.rank != 0:
         return 0
     for r in runs:

@@ -55,7 +55,7 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
         raise ValueError(f"--lr must be at least 0, got {args.lr}")
     for name in args.schedules:  # torch's own errors come mid-way, or never (a wrong placement)
         problem = (schedule_problem(name, world_size, args.microbatches, args.stages_per_rank, args.layers)
-                   or schedule_backend_problem(name, pick_device(0, args.device)))
+                   or schedule_backend_problem(name, pick_device(0, args.device), world_size))
         if problem:
             raise ValueError(problem)
 

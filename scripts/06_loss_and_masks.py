@@ -101,7 +101,8 @@ def gradient_scaling_cases(info, m: int = 4, seq_len: int = 16, seed: int = 0) -
 
     def diff(got, want) -> float:
         scale = max(want[n].abs().max() for n in got)
-        d = torch.tensor(max(((got[n] - want[n]).abs().max() / scale).item() for n in got), dtype=torch.float64)
+        d = torch.tensor(max(((got[n] - want[n]).abs().max() / scale).item() for n in got), dtype=torch.float64,
+                         device=info.device)  # a collective's tensor lies on the run's device (NCCL: the GPU)
         if dist.is_initialized():
             dist.all_reduce(d, op=dist.ReduceOp.MAX)  # the worst stage
         return d.item()
@@ -172,6 +173,18 @@ class PackedStage(nn.Module):
 MASK_VARIANTS = (("kwarg on every rank", False, True), ("tuple", True, False), ("first stage only", False, False))
 
 
+def torch_problem(pass_mask: bool, world_size: int) -> str | None:
+    """Why the installed torch cannot hand the ids on between stages, or ``None``: before 2.13 every
+    tensor a stage receives is made to require a gradient, and integer ids cannot ("only Tensors of
+    floating point dtype can require gradients"); 2.13 leaves integer tensors without one."""
+    from torch.torch_version import TorchVersion
+
+    if pass_mask and world_size > 1 and TorchVersion(torch.__version__) < (2, 13):
+        return (f"the ids handed on as a tuple need torch >= 2.13 (found {torch.__version__}, which makes every "
+                f"received tensor require a gradient, integer ids too): skipped")
+    return None
+
+
 def packed_batch(args, vocab: int, batch: int):
     """Rows of two documents each, cut at a random point: tokens, targets, doc_ids, all (B, T)."""
     g = torch.Generator().manual_seed(args.seed + 1)
@@ -200,6 +213,9 @@ def mask_demo(args, info) -> dict:
     out = {"reference_loss": torch.stack(ref_losses).mean().item()}
 
     for name, pass_mask, as_kwarg in MASK_VARIANTS:
+        if torch_problem(pass_mask, info.world_size):
+            out["skipped"] = {name: torch_problem(pass_mask, info.world_size)}
+            continue
         # [start-run-packed]
         mine = stage_module(copy.deepcopy(full), info.rank, info.world_size)
         stage_mod = PackedStage(mine, pass_mask)
@@ -221,9 +237,11 @@ def mask_demo(args, info) -> dict:
             schedule.step(**mask_kw, **last_kw)
         # [end-run-packed]
         grad_diff = torch.tensor(max((p.grad - ref_grads[n].grad).abs().max().item()
-                                     for n, p in stage_mod.mod.named_parameters()), dtype=torch.float64)
+                                     for n, p in stage_mod.mod.named_parameters()), dtype=torch.float64,
+                                 device=info.device)
         dist.all_reduce(grad_diff, op=dist.ReduceOp.MAX)
-        loss = torch.tensor(torch.stack(losses).mean().item() if info.is_last else 0.0, dtype=torch.float64)
+        loss = torch.tensor(torch.stack(losses).mean().item() if info.is_last else 0.0, dtype=torch.float64,
+                            device=info.device)
         dist.broadcast(loss, src=info.world_size - 1)
         out[name] = {"loss": loss.item(), "max_grad_diff": grad_diff.item()}
     return out
@@ -240,7 +258,11 @@ def body(args: argparse.Namespace, info) -> int:
         print(f"  {case:<{width}}  {d:.1e}")
     print(f"packed rows, one-process loss {masks['reference_loss']:.6f}")
     for name, _, _ in MASK_VARIANTS:
-        print(f"  mask passed {name:<17} loss {masks[name]['loss']:.6f}, max |grad diff| {masks[name]['max_grad_diff']:.1e}")
+        if name in masks.get("skipped", {}):
+            print(f"  mask passed {name:<17} {masks['skipped'][name]}")
+        else:
+            print(f"  mask passed {name:<17} loss {masks[name]['loss']:.6f}, max |grad diff| "
+                  f"{masks[name]['max_grad_diff']:.1e}")
     cli.write_json(args.json, {"world_size": info.world_size, "microbatches": args.microbatches,
                               "scaling": scaling, "masks": masks})
     return 0

@@ -171,13 +171,16 @@ def evaluate(schedule, stage_mod, info, batches, loss_fn, args) -> float | None:
 # [end-eval]
 
 
-def train(args, info, dataset) -> tuple[TrainState, torch.nn.Module]:
-    """The pipelined run. Returns the loop's state (metrics included) and this rank's stage."""
+def train(args, info, dataset) -> tuple[TrainState, precision.MasterWeights]:
+    """The pipelined run. Returns the loop's state (metrics included) and this rank's stage with
+    its float32 weights (``.module``, ``.named_parameters()``)."""
     # [start-setup]
     full = build_model(
         llama_config(args), seed=args.seed, dtype=precision.param_dtype(args.dtype)
     )  # same on every rank
     stage_mod = stage_module(full, info.rank, info.world_size).to(info.device)
+    # bfloat16: the stage computes with bfloat16 copies, AdamW steps float32 masters
+    master = precision.MasterWeights(stage_mod, args.dtype)
     stage = PipelineStage(
         stage_mod, stage_index=info.rank, num_stages=info.world_size, device=info.device
     )
@@ -189,7 +192,7 @@ def train(args, info, dataset) -> tuple[TrainState, torch.nn.Module]:
         # the loss is already divided by the batch's tokens
         scale_grads=False,
     )
-    params = list(stage_mod.parameters())
+    params = master.parameters()  # the stage's own parameters in float32
     optimizer, scheduler = optimizer_and_scheduler(params, args)
     batches = ppdata.Batches(*dataset.train, args.batch_size, args.seed)
     held_out = held_out_batches(dataset, args, info.device)
@@ -213,10 +216,12 @@ def train(args, info, dataset) -> tuple[TrainState, torch.nn.Module]:
         # bfloat16 compute, float32 weights
         with precision.autocast(info.device, args.dtype):
             mb_losses = driver.schedule_step(schedule, info, tokens, targets)
+        master.gradients_to_masters()
         # comm: all-reduce of squared norms
         norm, stage_norm = clip_grad_norm_global(params, args.clip)
         lr = scheduler.get_last_lr()[0]
         optimizer.step()
+        master.masters_to_compute()  # one cast per weight per step
         scheduler.step()
         record = {"step": step, "lr": lr, "grad_norm": norm, "stage_norm": stage_norm,
                   "seconds": time.perf_counter() - t0}
@@ -238,14 +243,15 @@ def train(args, info, dataset) -> tuple[TrainState, torch.nn.Module]:
                 "loss": evaluate(schedule, stage_mod, info, held_out, loss_fn, args),
             })
     # [end-loop]
-    return state, stage_mod
+    return state, master
 
 
 def train_one_process(args, dataset, device) -> tuple[dict, torch.nn.Module]:
     """The same model trained in one process: same seed, same batches in the same order, the same
     microbatches, the same loss, ``clip_grad_norm_`` and optimizer."""
     model = build_model(llama_config(args), seed=args.seed, dtype=precision.param_dtype(args.dtype)).to(device)
-    optimizer, scheduler = optimizer_and_scheduler(list(model.parameters()), args)
+    master = precision.MasterWeights(model, args.dtype)
+    optimizer, scheduler = optimizer_and_scheduler(master.parameters(), args)
     batches = ppdata.Batches(*dataset.train, args.batch_size, args.seed)
     held_out = held_out_batches(dataset, args, device)
     loss_fn, m = TokenMeanLoss(), args.microbatches
@@ -259,9 +265,11 @@ def train_one_process(args, dataset, device) -> tuple[dict, torch.nn.Module]:
             with precision.autocast(device, args.dtype):
                 mb_losses.append(loss_fn(model(mb_tokens), mb_targets))
             mb_losses[-1].backward()
-        out["grad_norm"].append(torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip or float("inf")).item())
+        master.gradients_to_masters()
+        out["grad_norm"].append(torch.nn.utils.clip_grad_norm_(master.parameters(), args.clip or float("inf")).item())
         out["loss"].append(torch.stack(mb_losses).sum().item())
         optimizer.step()
+        master.masters_to_compute()
         scheduler.step()
         if (args.eval_every and (step + 1) % args.eval_every == 0) or step + 1 == args.steps:
             with torch.no_grad(), precision.autocast(device, args.dtype):
@@ -272,21 +280,21 @@ def train_one_process(args, dataset, device) -> tuple[dict, torch.nn.Module]:
                                           for t, g in zip(tokens.chunk(m), targets.chunk(m))]).sum().item() * n
                     count += n
                 out["eval"].append(total / count)
-    return out, model
+    return out, master
 
 
 def body(args: argparse.Namespace, info) -> int:
     dataset = args.dataset_
     t0 = time.perf_counter()
-    state, stage_mod = train(args, info, dataset)
+    state, stage_master = train(args, info, dataset)
     seconds = time.perf_counter() - t0
     mine = {"rank": info.rank, "stage_norms": [r["stage_norm"] for r in state.train],
-            "params": [n for n, _ in stage_mod.named_parameters()]}
+            "params": [n for n, _ in stage_master.named_parameters()]}
     if args.check:
-        ref, ref_model = train_one_process(args, dataset, info.device)
-        ref_params = dict(ref_model.named_parameters())
+        ref, ref_master = train_one_process(args, dataset, info.device)
+        ref_params = dict(ref_master.named_parameters())  # float32 masters on both sides
         mine["max_weight_diff"] = max((p.detach() - ref_params[n].detach()).abs().max().item()
-                                      for n, p in stage_mod.named_parameters())
+                                      for n, p in stage_master.named_parameters())
     everyone = [None] * info.world_size
     dist.all_gather_object(everyone, mine)
     last = [None] * info.world_size

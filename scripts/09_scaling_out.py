@@ -220,14 +220,23 @@ def report(args, info, stage_mod, losses, dp_rank, pp_rank, seconds) -> dict | N
     everyone = ppdist.gather_to_rank0(mine)
     if info.rank != 0:
         return None
-    # the reference: the full model, the combined batch cut into dp x m microbatches, in order
-    reference = workload.full_model(args, torch.device("cpu"))
+    # The reference: the full model, the combined batch cut into dp x m microbatches, in order, on this
+    # rank's device. Its microbatches have the pipeline's shape (B / (dp m) rows), so the same kernels
+    # compute the same products: at --dp 1 the sums are the pipeline's, in its order, and agree to the
+    # bit on a CPU; at --dp > 1 FSDP averages the replicas' gradients in another order, which the
+    # tolerance covers (ppbook.precision). On a GPU the same holds up to kernels that are not
+    # deterministic. A reference on another device promises much less: every product comes from other
+    # kernels (another blocking of its sums, another attention algorithm), and AdamW divides each
+    # gradient by its own running size, so a weight whose gradient is near zero moves by up to the
+    # learning rate per step whatever the rounding: the first GPU record (data/gpu/h200-2026-11-28)
+    # found 2.4e-5 between an H200's pipeline and a CPU reference after 3 steps at lr 1e-3.
+    reference = workload.full_model(args, info.device)
     ref_args = argparse.Namespace(**{**vars(args), "microbatches": args.dp * args.microbatches})
-    with precision.autocast(torch.device("cpu"), args.dtype, cache=False):  # around several steps: no cache
-        ref_losses = workload.adamw_reference_losses(reference, ref_args, "cpu")
-    ref = dict(reference.named_parameters())
+    with precision.autocast(info.device, args.dtype, cache=False):  # around several steps: no cache
+        ref_losses = workload.adamw_reference_losses(reference, ref_args, info.device)
+    ref = {n: p.detach().cpu() for n, p in reference.named_parameters()}  # beside the gathered weights
     for r in everyone:
-        r["max_weight_diff"] = max((w - ref[n].detach()).abs().max().item() for n, w in r.pop("weights").items())
+        r["max_weight_diff"] = max((w - ref[n]).abs().max().item() for n, w in r.pop("weights").items())
     replicas_equal = all(len({r["digest"] for r in everyone if r["pp_rank"] == s}) == 1
                          for s in {r["pp_rank"] for r in everyone})
     loss_diff = max(abs(a - b) for a, b in zip(losses, ref_losses))

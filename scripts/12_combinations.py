@@ -62,7 +62,7 @@ from tqdm import tqdm
 
 from ppbook import cli, data, fsdp_probe, kernels, measure, precision, recompute, simulate, timeline, training, workload
 from ppbook.packing import document_mask  # (B, T) document ids -> (B, 1, T, T), chapter 15
-from ppbook.dist import gather_to_rank0
+from ppbook.dist import gather_to_rank0, pick_device, schedule_backend_problem
 from ppbook.models import LlamaConfig, RMSNorm, build_model
 from ppbook.planner import memory as planner_memory
 from ppbook.planner import search as planner_search
@@ -149,15 +149,18 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
                          f"{args.ffn}: each tensor-parallel rank computes whole heads")
     if args.heads % args.kv_heads:
         raise ValueError(f"--heads {args.heads} must be a multiple of --kv-heads {args.kv_heads}")
+    device = pick_device(0, args.device)
     for name in args.schedules:
-        problem = schedule_problem(name, pp, args.microbatches, args.stages_per_rank, args.layers)
+        problem = (schedule_problem(name, pp, args.microbatches, args.stages_per_rank, args.layers)
+                   or schedule_backend_problem(name, device, pp))
         if problem:
             raise ValueError(problem)
     for spec in args.policies:
         name, _, modes = spec.rpartition(":")
         if name and name not in SCHEDULES:
             raise ValueError(f"--policies {spec!r}: {name!r} is not a schedule; use one of {', '.join(SCHEDULES)}")
-        problem = name and schedule_problem(name, pp, args.microbatches, args.stages_per_rank, args.layers)
+        problem = name and (schedule_problem(name, pp, args.microbatches, args.stages_per_rank, args.layers)
+                            or schedule_backend_problem(name, device, pp))
         if problem:
             raise ValueError(problem)
         for mode in modes.split(","):
@@ -386,7 +389,22 @@ graph_calls = GraphCalls()
 REFUSAL = "schedule is not supported with stage modules that have used torch.compile"
 
 
+def torch_problem(name: str, mode: str, device: torch.device) -> str | None:
+    """Why the installed torch cannot run compile ``mode`` under schedule ``name`` on ``device``, or
+    ``None``: before 2.13 the split backward's weight pass fails at a block compiled in place
+    ("Attribute '_input_metadata' is invalid for this instance of _C._FunctionBase"), seen on the CPU
+    at two processes with torch 2.11 (the first GPU record ran it on an H200 at one process)."""
+    from torch.torch_version import TorchVersion
+
+    if mode == "in-place" and name in SPLIT and device.type == "cpu" and TorchVersion(torch.__version__) < (2, 13):
+        return f"needs torch >= 2.13 on the CPU, found {torch.__version__}: the weight pass fails at an in-place block"
+    return None
+
+
 def compile_run(name, mode, full, ref, tokens, targets, args, info) -> dict:
+    problem = torch_problem(name, mode, info.device)
+    if problem:  # the same on every rank: nothing is built
+        return {"schedule": name, "mode": mode, "refused": problem}
     backend = args.backend if mode == "eager" else graph_calls.backend(args.backend)  # its graphs' runs counted
     mods, stages, indices, num_stages = build_stages(name, full, args, info.rank, info.world_size, info.device,
                                                      compiled(mode, backend))
@@ -925,7 +943,7 @@ def pack(rows, lengths, T: int):
         row[2].extend([doc] * (n - 1))
     if row[0]:
         close()
-    return tuple(torch.tensor(x) for x in out)
+    return tuple(torch.tensor(x, device=rows.device) for x in out)  # where the rows were: a GPU's
 
 
 def documents(args, device):

@@ -35,7 +35,7 @@ from torch.distributed.pipelining.schedules import OVERLAP_F_B, _wait_batch_p2p
 from tqdm import tqdm
 
 from ppbook import cli, driver, measure, moe, nccl_rules, precision, timeline
-from ppbook.dist import gather_to_rank0, schedule_backend_problem
+from ppbook.dist import gather_to_rank0, pick_device, schedule_backend_problem
 from ppbook.models import LlamaConfig
 from ppbook.stages import schedule_problem, stage_indices, stage_module
 from ppbook.workload import loss_fn, make_batch
@@ -93,7 +93,7 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
                          f"and {args.lr}")
     for name in {RUNS[r][0] for r in args.runs}:
         problem = (schedule_problem(name, args.pp, args.microbatches, layers=args.layers)
-                   or schedule_backend_problem(name, torch.device("cpu")))
+                   or schedule_backend_problem(name, pick_device(0, args.device), args.pp))  # the run's backend
         if problem:
             raise ValueError(problem)
 

@@ -88,7 +88,7 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
     m, v = args.microbatches, args.stages_per_rank
     for name in args.schedules:  # torch's own errors come mid-way, or never (a wrong placement)
         problem = (schedule_problem(PLACED_AS.get(name, name), world_size, m, v, args.layers)
-                   or schedule_backend_problem(PLACED_AS.get(name, name), pick_device(0, args.device)))
+                   or schedule_backend_problem(PLACED_AS.get(name, name), pick_device(0, args.device), world_size))
         if problem:
             raise ValueError(problem.replace(PLACED_AS.get(name, name), name, 1) if name in CUSTOM else problem)
     if args.mistake != "none" and (world_size < 2 or m < 2):

@@ -39,6 +39,7 @@ from torch.distributed import pipelining
 from ppbook import cli, packing
 from ppbook import dist as ppdist
 from ppbook.models import LlamaConfig, apply_rope, build_model
+from ppbook.planner.schedules import SPLIT_BACKWARD
 from ppbook.stages import schedule_problem, stage_indices, stage_module
 from ppbook.training import TokenMeanLoss, microbatch_mean_loss
 
@@ -79,7 +80,8 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
     if args.dim % 4 or args.dim < 8:
         raise ValueError(f"--dim must be a multiple of 4 heads and at least 8, got {args.dim}")
     for name in args.schedules:
-        problem = schedule_problem(name, world_size, args.microbatches, 2, args.layers)
+        problem = (schedule_problem(name, world_size, args.microbatches, 2, args.layers)
+                   or ppdist.schedule_backend_problem(name, ppdist.pick_device(0, args.device), world_size))
         if problem:
             raise ValueError(problem)
     if any(not 8 <= n <= args.seq_len for n in args.lengths):
@@ -177,6 +179,18 @@ def eval_fails(name: str, p: int) -> bool:
     multi-stage schedule in one process): it hands the previous stage a gradient it has not
     computed ("can't steal_bwd_input if this stage doesn't have backward")."""
     return any(i + 1 in stage_indices(name, r, p) for r in range(p) for i in stage_indices(name, r, p))
+
+
+def torch_problem(name: str, variant: str) -> str | None:
+    """Why the installed torch cannot run ``variant`` under schedule ``name``, or ``None``: before
+    2.13 the split backward asks every stage input for ``requires_grad``, a BlockMask given to
+    ``step`` by keyword included ("'BlockMask' object has no attribute 'requires_grad'")."""
+    from torch.torch_version import TorchVersion
+
+    if variant == "blockmask-kwarg" and name in SPLIT_BACKWARD and TorchVersion(torch.__version__) < (2, 13):
+        return (f"{name} {variant}: skipped, its split backward asks a BlockMask for requires_grad under torch "
+                f"{torch.__version__}; torch >= 2.13 runs it")
+    return None
 
 
 def kernel_of(variant: str) -> str:
@@ -389,14 +403,14 @@ def body(args: argparse.Namespace, info) -> int:
     tokens, targets, doc_ids = ppdist.on_device(info.device, *make_batch(args))  # (B, T) each
     m = args.microbatches
     refs = {}
-    runs = []
+    runs, skipped = [], [p for v in args.variants for n in args.schedules if (p := torch_problem(n, v))]
     for variant in args.variants:
         key = {"flex-eval": "loss only", "blockmask-kwarg": "sdpa"}.get(variant, kernel_of(variant))
         if key not in refs:
             refs[key] = reference(full, variant, tokens, targets, doc_ids, m)
         ref_grads, ref_loss = refs[key]
         for name in args.schedules:
-            if variant == "flex-eval" and eval_fails(name, info.world_size):
+            if (variant == "flex-eval" and eval_fails(name, info.world_size)) or torch_problem(name, variant):
                 continue
             t0 = time.perf_counter()
             grads, loss = run(name, variant, full, tokens, targets, doc_ids, info, args)
@@ -417,6 +431,8 @@ def body(args: argparse.Namespace, info) -> int:
                 f"largest gradient difference {r['max_grad_diff']:.1e}"
             print(f"  {r['schedule']:>15} {r['variant']:<20} loss {r['loss']:.6f} (one process "
                   f"{r['reference_loss']:.6f}), {diff}")
+        for line in skipped:
+            print(f"  {line}")
         if shapes:
             print(f"  shapes sent {shapes['sent']}; received in the fixed order {shapes['fixed order']}, "
                   f"paired {shapes['paired']}")
@@ -428,7 +444,7 @@ def body(args: argparse.Namespace, info) -> int:
             "world_size": info.world_size, "microbatches": m, "torch": torch.__version__,
             "tokens_per_microbatch": packing.tokens_per_microbatch(targets, m),
             "doc_ids": doc_ids.tolist(), "targets_counted": (targets != -100).sum().item(),
-            "runs": runs, "shapes": shapes, "lengths": lengths, "match": match})
+            "runs": runs, "skipped": skipped, "shapes": shapes, "lengths": lengths, "match": match})
     if args.check and not match:
         raise SystemExit(f"rank {info.rank}: a right variant differs from one process")
     return 0

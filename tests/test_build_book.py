@@ -26,7 +26,7 @@ def test_the_pages_with_measured_times_run_alone_and_first():
     pages = build_book.notebook_pages()
     ordered = build_book.order(pages)
     alone = [p.stem for p in ordered if build_book.executes_alone(build_book.read_page(p))]
-    assert alone == ["02_naive", "03_gpipe", "04_splitting", "05_schedules"]
+    assert alone == ["02_naive", "03_gpipe", "04_splitting", "05_schedules", "schedules_deeper"]
     assert [p.stem for p in ordered[:len(alone)]] == alone and sorted(ordered) == sorted(pages)
 
 

@@ -31,6 +31,37 @@ def test_hide_writes_each_prefix_as_a_reader_would():
     assert machine_paths.found(machine_paths.hide(text, FAKE), FAKE) == []
 
 
+# what chapters 4, 6 and 7 showed (issue 50): a checkpoint folder made by tempfile, with its random
+# characters; a tokenizer in tempfile's unnamed folder; the file IPython ran a cell from
+TEMP = ("saved /tmp/ppbook-ch7-cy1ucgd3/crash/step-000002 (newest 2 kept)\n"
+        "$ python scripts/06_train.py --tokenizer-file /tmp/tmp/tokenizers/bpe-300-da97d5d81942ee1a.json\n"
+        "# File: /tmp/ipykernel_16744/1972254578.py:8 in forward\n"
+        "--save-dir /tmp/ppbook-ch7/p2 /var/tmp/x ~/tmp/y /tmp/pytest-of-ann/pytest-3/book0/_build/html/a.html")
+
+
+NAMED = {"ppbook-ch6", "ppbook-ch7"}  # the folders pages named with tempfile's prefix=
+
+
+def test_temp_paths_finds_the_builds_temporary_folders():
+    assert machine_paths.temp_paths(TEMP, NAMED) == ["/tmp/ppbook-ch7-cy1ucgd3", "/tmp/tmp", "/tmp/ipykernel_16744",
+                                                     "/tmp/pytest-of-ann"]
+    assert machine_paths.temp_paths("--save-dir /tmp/ppbook-ch7/p2 and /tmp/ppbook-ch6/tokenizers/x.json", NAMED) == []
+    # as a notebook's JSON and a page's HTML write them
+    assert machine_paths.temp_paths('"# shown as /tmp/ppbook-ch6\\n", &quot;/tmp/ppbook-ch7&quot;', NAMED) == []
+
+
+def test_the_pages_name_their_temporary_folders():
+    names = machine_paths.page_temp_names()
+    assert NAMED <= names and "tmp" not in names and not any(n.endswith("-") for n in names), names
+
+
+def test_hide_names_a_temporary_folder_by_its_prefix_as_the_printed_commands_do():
+    shown = machine_paths.hide(TEMP, FAKE)
+    assert "saved /tmp/ppbook-ch7/crash/step-000002" in shown and "# File: <notebook cell>:8 in forward" in shown
+    # a folder without a name of the page's own stays, for temp_paths to report
+    assert machine_paths.temp_paths(shown, NAMED) == ["/tmp/tmp", "/tmp/pytest-of-ann"]
+
+
 def test_this_machines_paths_are_known_and_never_the_root_folder():
     paths = dict(machine_paths.machine_paths())
     for path in (str(ROOT), sys.prefix, str(Path.home())):
@@ -91,7 +122,9 @@ def test_no_built_page_shows_a_path_of_the_build_machine(built_book):
     paths = machine_paths.machine_paths()
     bad = {}
     for page in sorted(built_book.rglob("*.html")) + sorted((built_book / "_sources").rglob("*.ipynb")):
-        hits = machine_paths.found(page.read_text("utf8", errors="replace"), paths)
+        text = page.read_text("utf8", errors="replace")
+        hits = machine_paths.found(text, paths) + machine_paths.temp_paths(text)
         if hits:
             bad[str(page.relative_to(built_book))] = hits
-    assert not bad, f"pages showing the build machine's paths (tools/machine_paths.py hides them): {bad}"
+    assert not bad, (f"pages showing the build machine's paths (tools/machine_paths.py hides them; name a "
+                     f"temporary folder with tempfile's prefix='ppbook-<page>-'): {bad}")

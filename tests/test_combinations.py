@@ -205,6 +205,31 @@ def test_saved_bytes_follow_each_microbatch_from_its_forward_to_its_backward(mod
     assert saved.peak_total == 0
 
 
+def test_the_selective_policy_answers_a_recomputation_as_it_answered_the_forward():
+    """torch before 2.13 asks the policy again while recomputing, and hands each kept operator the
+    outputs the forward kept, in order: an answer that differs hands a matrix product another's
+    output (issue 47: the recompute section failed on torch 2.11 with "shape '[2, 32, 32]' is invalid
+    for input of size 11264"). Every recomputation, a zero-bubble schedule's second included, gets
+    the forward's answers."""
+    from types import SimpleNamespace
+
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    from ppbook import recompute
+
+    mm, add = torch.ops.aten.mm.default, torch.ops.aten.add.Tensor
+    ops = [mm, mm, mm, add, mm, add, mm, mm, mm, add]  # the book's block: seven matrix products
+    policy = recompute.selective_policy()
+
+    def answers(recomputing: bool) -> list:
+        return [policy(SimpleNamespace(is_recompute=recomputing), op) for op in ops]
+
+    forward = answers(False)
+    assert answers(True) == forward and answers(True) == forward
+    kept = [a == CheckpointPolicy.MUST_SAVE for a, op in zip(forward, ops) if op == mm]
+    assert kept == [True, False, True, False, True, False, True]  # the 1st, 3rd, 5th, ...
+
+
 def test_saved_bytes_count_a_storage_once_however_many_views_of_it_are_saved():
     from ppbook import recompute
 

@@ -4,7 +4,11 @@
   contiguous: the preparation functions run with ``torch.device("meta")`` as the target, and
   one-process runs of every script assert on what the schedules receive.
 - ``--device cuda`` on a node with fewer GPUs than processes is one line, before any process group.
-- ZBVZeroBubble and DualPipeV on gloo under torch < 2.13 are refused in one line.
+- ZBVZeroBubble and DualPipeV on gloo under torch < 2.13 are refused in one line, and so is a looped
+  schedule at one process; every script's gate asks about the device the run uses (issue 47).
+- Every script's one-process run, with the run's device told apart from the host
+  (``helpers/run_device.py``): no tensor made without the run's device meets one on it, or reaches a
+  collective; the one-process references run on the run's device (issue 47: the first GPU record).
 - Every GPU command printed in a docstring, the README or a chapter passes its script's
   validation with the shipped data (the GPU count faked to the processes it asks for).
 """
@@ -90,7 +94,7 @@ def test_13_moe_reference_makes_its_batches_on_the_models_device(monkeypatch):
     assert asked == [META]
 
 
-# --- one-process runs: what the schedules receive --------------------------------------------------
+# --- one-process runs: what the schedules receive (used below) ---------------------------------------
 @pytest.fixture
 def schedule_spy(monkeypatch):
     """Wrap every schedule's step and eval: each tensor handed to them must be on a stage's device and
@@ -99,13 +103,13 @@ def schedule_spy(monkeypatch):
 
     def devices_of(schedule):
         stages = getattr(schedule, "_stages", None) or [schedule._stage]
-        return {torch.device(s.device).type for s in stages}
+        return {torch.device(s.device) for s in stages}
 
     def wrap(method):
         def spy(self, *args, target=None, losses=None, **kwargs):
             tensors = [a for a in (*args, target, *kwargs.values()) if isinstance(a, torch.Tensor)]
-            for t in tensors:
-                assert t.device.type in devices_of(self), f"{type(self).__name__} got a tensor on {t.device}"
+            for t in tensors:  # under helpers.run_device a tensor made without the run's device is on "cpu"
+                assert t.device in devices_of(self), f"{type(self).__name__} got a tensor on {t.device}"
                 assert t.is_contiguous(), f"{type(self).__name__} got a non-contiguous {tuple(t.shape)} tensor"
             seen.append((type(self).__name__, len(tensors)))
             return method(self, *args, target=target, losses=losses, **kwargs)
@@ -119,30 +123,102 @@ def schedule_spy(monkeypatch):
     return seen
 
 
-ONE_PROCESS_RUNS = [
-    ("01_first_pipeline.py", ["--steps", "1"]),
-    ("05_schedules.py", ["--schedules", "GPipe", "DualPipeV", "--steps", "1", "--warmup", "0", "--layers", "4",
-                         "--dim", "16", "--batch-size", "8"]),
-    ("06_train.py", ["--steps", "2", "--eval-every", "1", "--eval-batches", "1", "--batch-size", "4",
-                     "--seq-len", "16", "--layers", "2", "--dim", "32", "--microbatches", "2"]),
+# --- the run's device told apart from the host: tensors made without it --------------------------------
+def test_the_check_finds_a_tensor_made_without_the_runs_device(monkeypatch):
+    """The two lines of the first GPU record, in miniature: a position index made with a bare
+    ``torch.arange`` beside the rows on the run's device (data.py), and a bare ``torch.tensor`` handed
+    to a collective (06_loss_and_masks.py). What the test below would find in the book."""
+    from helpers.run_device import RUN, DeviceMismatch, run_device_checked
+
+    from ppbook.nccl_rules import RuleError
+
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    with run_device_checked(monkeypatch):
+        rows = torch.arange(12).view(2, 6).to(RUN)
+        assert rows.device == RUN and torch.arange(3).device == torch.device("cpu")
+        with pytest.raises(DeviceMismatch, match=r"test_devices.py:\d+: .*made without the run's device"):
+            torch.arange(6)[None, :] >= rows  # noqa: B015
+        assert (torch.arange(6, device=rows.device)[None, :] >= rows).device == RUN
+        assert rows[torch.tensor([1, 0])].device == RUN  # a run tensor indexed by host indices: fine on a GPU too
+        assert (rows + torch.tensor(1)).device == RUN  # a host 0-dim tensor is a scalar to CUDA
+        info = ppdist.setup("cpu")
+        try:
+            assert info.device == RUN
+            with pytest.raises((DeviceMismatch, RuleError), match="cpu"):
+                dist.all_reduce(torch.tensor(1.0))
+            dist.all_reduce(torch.tensor(1.0, device=info.device))
+            assert ppdist.gather_to_rank0({"a": 1}) == [{"a": 1}]  # gloo's object collectives: the run's device
+        finally:
+            ppdist.teardown()
+
+
+# Every script's one-process run, small (a3_troubleshooting.py is staged on exactly two processes;
+# 01_minimal.py picks its device without ppbook, so its run cannot be told from the host), under the
+# check; compiled paths (12's compile section) are left out: TorchDynamo does not trace under it.
+S = ["--layers", "2", "--dim", "16", "--heads", "2", "--vocab", "64", "--seq-len", "8", "--batch-size", "4"]
+TRACKED_RUNS = [
+    ("01_first_pipeline.py", [*S, "--microbatches", "2", "--steps", "1", "--check"]),
+    ("02_naive.py", [*S, "--microbatches", "1", "--steps", "1", "--warmup", "0", "--check"]),
+    ("03_gpipe.py", [*S, "--microbatches", "2", "--steps", "1", "--warmup", "0", "--check"]),
+    ("04_splitting.py", [*S, "--microbatches", "2", "--check", "--experiments", "check", "balance"]),
+    ("05_schedules.py", ["--schedules", "GPipe", "Interleaved1F1B", "DualPipeV", "--layers", "4", "--dim", "16",
+                         "--batch-size", "8", "--microbatches", "4", "--steps", "1", "--warmup", "0", "--check"]),
+    ("06_loss_and_masks.py", ["--seq-len", "8"]),
+    ("06_train.py", ["--steps", "2", "--eval-every", "1", "--eval-batches", "1", "--batch-size", "4", "--seq-len",
+                     "16", "--layers", "2", "--dim", "32", "--microbatches", "2", "--check"]),
     ("06_train.py", ["--steps", "1", "--eval-batches", "1", "--batch-size", "4", "--seq-len", "16", "--layers", "2",
                      "--dim", "32", "--microbatches", "2", "--eval-impl", "stages"]),
-    ("06_loss_and_masks.py", []),
-    ("08_beyond_chain.py", ["--steps", "1"]),
-    ("a1_migrate.py", ["--balance", "2", "--steps", "1"]),
+    ("07_checkpointing.py", [*S, "--microbatches", "2", "--steps", "2", "--check"]),
+    ("07_checkpointing.py", [*S, "--microbatches", "2", "--steps", "2", "--save-dir", "{tmp}", "--save-every", "1",
+                             "--check"]),
+    ("07_checkpointing.py", [*S, "--microbatches", "2", "--steps", "3", "--save-dir", "{tmp}", "--resume", "--check"]),
+    ("08_beyond_chain.py", [*S, "--microbatches", "2", "--steps", "1", "--check"]),
+    ("09_scaling_out.py", [*S, "--microbatches", "2", "--dp", "1", "--steps", "1", "--check"]),
+    ("12_combinations.py", ["--section", "shapes", "--check", "--documents", "16", "--batch-size", "4", "--buckets",
+                            "16", "32", "--layers", "2", "--dim", "32"]),
+    ("12_combinations.py", ["--section", "recompute", "--check", "--layers", "2", "--dim", "32", "--steps", "1",
+                            "--warmup", "0"]),
+    ("13_moe.py", ["--pp", "1", "--ep", "1", "--check", "--layers", "2", "--dim", "32", "--steps", "1", "--warmup",
+                   "0"]),
+    ("14_own_schedule.py", ["--check", "--schedules", "1F1B-hand", "1F1B", "Interleaved1F1B", "ZB-H2", "V-Half",
+                            "ZBVZeroBubble", "DualPipeV", "--layers", "4", "--dim", "16", "--steps", "1", "--warmup",
+                            "0"]),
+    ("15_packed.py", ["--check", "--layers", "4", "--lengths"]),
+    ("a1_migrate.py", ["--check", "--balance", "2", "--steps", "1", "--checkpoint", "always"]),
+    ("06_train.py", ["--steps", "1", "--eval-batches", "1", "--batch-size", "4", "--seq-len", "16", "--layers", "2",
+                     "--dim", "32", "--microbatches", "2", "--dtype", "bfloat16", "--check"]),
 ]
 
 
-@pytest.mark.parametrize("script,argv", ONE_PROCESS_RUNS, ids=[f"{s}:{i}" for i, (s, _) in enumerate(ONE_PROCESS_RUNS)])
-def test_schedules_receive_tensors_on_the_stage_device(script, argv, schedule_spy, monkeypatch):
+@pytest.mark.parametrize("script,argv", TRACKED_RUNS, ids=[f"{s}:{i}" for i, (s, _) in enumerate(TRACKED_RUNS)])
+def test_every_tensor_meets_tensors_on_its_device(script, argv, schedule_spy, monkeypatch, tmp_path_factory):
+    """A tensor made without the run's device (on a GPU: on the CPU) never meets one on it, nor reaches
+    a collective; the schedules receive contiguous tensors (``schedule_spy``); the one-process
+    references run on the run's device (09_scaling_out.py's ran on the CPU beside a GPU pipeline:
+    2.4e-5 apart on an H200, issue 47)."""
+    from helpers.run_device import RUN, run_device_checked
+
+    from ppbook import workload
+
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE"):
         monkeypatch.delenv(var, raising=False)
+    asked = []
+    for name in ("full_model", "adamw_reference_losses"):
+        def spy(*a, real=getattr(workload, name), name=name, **k):
+            asked.append((name, k.get("device", a[-1])))
+            return real(*a, **k)
+        monkeypatch.setattr(workload, name, spy)
     mod = load_script(script)
-    try:
-        assert mod.main(argv + ["--device", "cpu"]) == 0
-    finally:
-        ppdist.teardown()
-    assert schedule_spy and all(n > 0 for _, n in schedule_spy), schedule_spy
+    saves = tmp_path_factory.getbasetemp() / "run_device_checkpoints"  # 07's save, then its resume
+    argv = [str(saves) if a == "{tmp}" else a for a in argv]
+    with run_device_checked(monkeypatch) as mode:
+        try:
+            assert mod.main([*argv, "--device", "cpu"]) == 0
+        finally:
+            ppdist.teardown()
+    assert mode.mismatches == 0
+    assert all(torch.device(device) == RUN for _, device in asked), asked
 
 
 # --- the GPU count, faked ----------------------------------------------------------------------------
@@ -186,6 +262,86 @@ def test_v_schedules_gated_on_old_torch_gloo(monkeypatch, capsys):
     assert load_script("05_schedules.py").main(["--schedules", "1F1B", "ZBVZeroBubble", "--device", "cpu"]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and "ZBVZeroBubble on gloo (CPU) needs torch >= 2.13" in lines[0], lines
+
+
+def test_looped_schedules_at_one_process_gated_on_old_torch_gloo(monkeypatch):
+    """torch 2.11 on gloo: every stage of a looped schedule at one process lies on rank 0, which sends
+    to itself in _initialize_stages ("Pair is not connected", 15_packed.py at one process)."""
+    monkeypatch.setattr(torch, "__version__", "2.11.0+cu130")
+    cpu = torch.device("cpu")
+    for name in ("Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble"):
+        assert "at 1 process(es) on gloo (CPU) needs torch >= 2.13" in ppdist.schedule_backend_problem(name, cpu, 1)
+        assert ppdist.schedule_backend_problem(name, cpu, 2) is None  # stage i on rank i % p: no neighbour shares
+        assert ppdist.schedule_backend_problem(name, torch.device("cuda", 0), 1) is None
+    assert ppdist.schedule_backend_problem("1F1B", cpu, 1) is None
+
+
+# Each script that validates schedules, with one its gate refuses on gloo under torch 2.11 (a V, or a
+# looped schedule at one process): the gate must ask about the device the run uses (issue 47: 13_moe.py
+# refused DualPipeV with --device cuda, its gate asking about the CPU whatever the device).
+GATED = [("05_schedules.py", ["--schedules", "DualPipeV", "--layers", "8", "--microbatches", "8",
+                              "--batch-size", "32"], 2),
+         ("12_combinations.py", ["--section", "compile", "--schedules", "ZBVZeroBubble"], 1),
+         ("13_moe.py", ["--pp", "1", "--ep", "1", "--runs", "DualPipeV"], 1),
+         ("14_own_schedule.py", ["--schedules", "V-Half"], 2),
+         ("15_packed.py", ["--schedules", "Interleaved1F1B"], 1)]
+
+
+@pytest.mark.parametrize("script,argv,world", GATED, ids=[s for s, _, _ in GATED])
+def test_schedule_gates_ask_about_the_runs_device(script, argv, world, monkeypatch):
+    monkeypatch.setattr(torch, "__version__", "2.11.0+cu130")
+    fake_gpus(monkeypatch, world, world)
+    monkeypatch.setenv("WORLD_SIZE", str(world))
+    mod = load_script(script)
+    mod.validate(mod.parse_args([*argv, "--device", "cuda"]), world)  # NCCL: no refusal
+    with pytest.raises(ValueError, match=r"on gloo \(CPU\) needs torch >= 2.13"):
+        mod.validate(mod.parse_args([*argv, "--device", "cpu"]), world)
+
+
+def test_15_packed_keeps_a_blockmask_from_old_torchs_split_backward(monkeypatch, capsys):
+    """torch 2.11's split backward asks every stage input for requires_grad, a BlockMask given by
+    keyword included (issue 47: "'BlockMask' object has no attribute 'requires_grad'", ZBVZeroBubble on
+    an H200): under torch < 2.13 that pairing is skipped in one printed line, the others run."""
+    mod = load_script("15_packed.py")
+    monkeypatch.setattr(torch, "__version__", "2.11.0+cu130")
+    ran = []
+    monkeypatch.setattr(mod, "run", lambda name, variant, *a: ran.append((name, variant)) or ({}, 0.0))
+    monkeypatch.setattr(mod, "worst_difference", lambda *a: 0.0)
+    args = mod.parse_args(["--schedules", "1F1B", "ZBVZeroBubble", "--variants", "sdpa", "blockmask-kwarg",
+                           "--lengths", "--layers", "2"])
+    info = ppdist.DistInfo(0, 1, 0, torch.device("cpu"), "gloo")
+    assert mod.body(args, info) == 0
+    assert ("ZBVZeroBubble", "blockmask-kwarg") not in ran
+    assert {("1F1B", "sdpa"), ("ZBVZeroBubble", "sdpa"), ("1F1B", "blockmask-kwarg")} <= set(ran)
+    lines = [line for line in capsys.readouterr().out.splitlines() if "skipped" in line]
+    assert len(lines) == 1 and "ZBVZeroBubble blockmask-kwarg" in lines[0] and "torch >= 2.13" in lines[0], lines
+
+
+def test_06_keeps_integer_ids_from_old_torchs_receive_buffers(monkeypatch):
+    """torch 2.11 makes every tensor a stage receives require a gradient, and integer document ids
+    cannot ("only Tensors of floating point dtype can require gradients": 06_loss_and_masks.py at two
+    processes): under torch < 2.13 the ids are not handed on as a tuple, and the run says so."""
+    mod = load_script("06_loss_and_masks.py")
+    monkeypatch.setattr(torch, "__version__", "2.11.0+cu130")
+    monkeypatch.setattr(mod, "MASK_VARIANTS", (("tuple", True, False),))
+    args = mod.parse_args(["--seq-len", "8"])
+    out = mod.mask_demo(args, ppdist.DistInfo(0, 2, 0, torch.device("cpu"), "gloo"))  # no peer: nothing may run
+    assert "torch >= 2.13" in out["skipped"]["tuple"] and "tuple" not in out
+    assert mod.torch_problem(True, 1) is None and mod.torch_problem(False, 2) is None
+
+
+def test_12_compile_keeps_in_place_blocks_from_old_torchs_weight_pass_on_the_cpu(monkeypatch):
+    """torch 2.11's weight pass (a split backward's W) fails on gloo at a block compiled in place
+    ("'_input_metadata' is invalid", InterleavedZeroBubble at two processes, found by make
+    torch-versions TORCH=2.11.0): that run is refused before anything is built, in the report's line."""
+    mod = load_script("12_combinations.py")
+    monkeypatch.setattr(torch, "__version__", "2.11.0+cu130")
+    monkeypatch.setattr(mod, "build_stages", lambda *a, **k: pytest.fail("stages were built"))
+    info = ppdist.DistInfo(0, 2, 0, torch.device("cpu"), "gloo")
+    run = mod.compile_run("InterleavedZeroBubble", "in-place", None, None, None, None, None, info)
+    assert "needs torch >= 2.13" in run["refused"]
+    assert mod.torch_problem("InterleavedZeroBubble", "in-place", torch.device("cuda", 0)) is None  # ran on an H200
+    assert mod.torch_problem("1F1B", "in-place", torch.device("cpu")) is None
 
 
 # --- every GPU command the book prints ----------------------------------------------------------------

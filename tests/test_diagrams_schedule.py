@@ -57,7 +57,7 @@ def test_figure_shows_the_schedules_actions(name):
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
     kinds = {a.kind for acts in order.values() for a in acts}
     assert [f"{k}: {timeline.KIND_NAMES[k]}" for k in "FBIW" if k in kinds] == legend[:len(kinds)]
-    assert ("lighter: the rank's later stage (chunk)" in legend) == (name not in ("GPipe", "1F1B")), \
+    assert ("lighter, hatched: the rank's later stage (chunk)" in legend) == (name not in ("GPipe", "1F1B")), \
         "the shade of later stages is explained"
     assert legend[-1] == "white: idle (bubble)"
     plt.close(fig)

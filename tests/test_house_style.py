@@ -8,6 +8,7 @@ import pytest
 
 from conftest import ROOT
 from long_listings import WIDTH, long_lines  # the one resolver of shown lines
+import visible_words  # tools/: the core path and its reading budget
 
 # chapters (NN_slug) and appendices (aN_slug), with their companion scripts
 CHAPTERS = sorted((ROOT / "book").glob("[0-9][0-9]_*.md")) + sorted((ROOT / "book").glob("a[0-9]_*.md"))
@@ -77,8 +78,9 @@ def test_listings_fit_fails_on_a_long_shown_line(tmp_path):
 
 
 # The core path a newcomer reads first holds its paragraphs to a few numbers each (STYLE.md, 2b);
-# the numbers stay glued, in tables or in collapsed blocks ("How this was checked").
-CORE_PATH = ["00_intro.md", "01_first_pipeline.md", "02_naive.md", "03_gpipe.md", "05_schedules.md"]
+# the numbers stay glued, in tables or in collapsed blocks ("How this was checked"). The same pages
+# hold a budget of visible words on the built site (tests/test_core_budget.py).
+CORE_PATH = [f"{name}.md" for name in visible_words.CORE_PATH]
 
 
 @pytest.mark.parametrize("page", CORE_PATH)

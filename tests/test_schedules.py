@@ -15,11 +15,12 @@ warnings.filterwarnings("ignore", message=".*torch.compile.*")
 NAMES = list(stages.TORCH_SCHEDULES)
 
 
-def bubble_per_rank(order, costs) -> float:
-    """Step time minus the busiest rank's compute, with no latency: the bubble of one rank."""
-    events = simulate.simulate(order, costs)
-    t0, t1 = timeline.span(events)
-    return (t1 - t0) - max(sum(e.duration for e in events if e.rank == r) for r in order)
+bubble_per_rank = simulate.idle_per_rank  # the chapters' own: step less the busiest rank's compute
+
+
+def test_idle_per_rank_is_the_step_less_the_busiest_ranks_compute():
+    """GPipe at p = 2, m = 1, F = 1, B = 2: the step is 6, each rank computes 3, so each idles 3."""
+    assert simulate.idle_per_rank(simulate.gpipe_order(2, 1), {"F": 1.0, "B": 2.0}) == 3.0
 
 
 # --- orders -------------------------------------------------------------------------------------
@@ -213,6 +214,15 @@ def test_probe_counts_saved_activations_until_backward_frees_them():
     assert activations.residual_bytes(probe.events) == {}
     times, held_bytes, held_mbs = activations.held_over_time(probe.events, 0)
     assert max(held_mbs) == 3 and held_bytes[-1] == 0 and times == sorted(times)
+
+
+def test_remainder_shares_are_what_each_microbatch_kept_over_the_most_it_held():
+    """A microbatch that saved 100 bytes, then 50, and released 120 kept 30 of its 150; one that
+    released everything is not counted."""
+    E = activations.MemoryEvent
+    events = [E(0, 1, 0, 0.0, 100), E(0, 1, 0, 1.0, 50), E(0, 1, 1, 1.5, 40), E(0, 1, 0, 2.0, -120),
+              E(0, 1, 1, 3.0, -40)]
+    assert activations.remainder_shares(events[::-1]) == [30 / 150]  # in time order, whatever the list's
 
 
 def test_probe_off_counts_nothing():

@@ -62,3 +62,15 @@ def test_budget_decides_and_nothing_fitting_is_one_clear_error():
     assert tight.memory <= 4 and tight.name not in ("GPipe", "LoopedBFS")
     with pytest.raises(ValueError, match="no schedule fits 1 .*lower m or raise the budget"):
         guide.pick(guide.Inputs(4, 8, 1.0, 1.0, 1.0, budget=1))
+
+
+def test_against_1f1b_sets_the_pick_beside_1f1b():
+    """What chapter 5's tables show: the pick, its gain over 1F1B's step, ZBV's memory, messages."""
+    inp = guide.Inputs(4, 8, 1.0, 1.0, 1.0, residual=0.25, budget=8)
+    row, by = guide.against_1f1b(inp), {o.name: o for o in guide.options(inp)}
+    assert row["pick"] == guide.pick(inp)
+    assert math.isclose(row["gain"], 1 - by[row["pick"].name].step / by["1F1B"].step) and row["gain"] > 0
+    assert row["zbv"] == by["ZBVZeroBubble"].memory > by["1F1B"].memory
+    assert math.isclose(row["messages"], row["pick"].messages / by["1F1B"].messages)
+    tight = guide.against_1f1b(guide.Inputs(4, 8, 1.0, 1.0, 1.0, residual=0.25, budget=4))
+    assert tight["pick"].name == "1F1B" and tight["gain"] == 0.0 and tight["messages"] == 1.0

@@ -82,6 +82,17 @@ def test_gpipe_scratch_and_torch_match_one_process_and_run_gpipe_order(nproc):
                 [str(a) for a in expected[rank]], (run["impl"], rank)
 
 
+def test_gpipe_measures_every_configuration_in_rounds():
+    """Issue 50: the naive step (m = 1) and every pipelined one are measured in the same rounds, one
+    step of each per round, so that chapter 3's speed-ups compare steps that saw the same moments
+    of a shared host (before, each m ran all its steps before the next m started)."""
+    rounds = launch.load_script("03_gpipe.py").rounds
+    configs = [(1, "scratch"), (1, "torch"), (8, "scratch"), (8, "torch")]
+    order = rounds(configs, warmup=1, steps=2)
+    assert order == [(c, True) for c in configs] + [(c, False) for c in configs] * 2
+    assert rounds(configs, warmup=0, steps=0) == []
+
+
 def test_gpipe_bad_microbatch_list_is_one_line():
     assert_one_line_error("03_gpipe.py", ["--microbatches", "1", "3"], "--batch-size 32 is not divisible by --microbatches 3")
 

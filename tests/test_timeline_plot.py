@@ -133,3 +133,37 @@ def test_one_legend_for_a_figure_of_several_timelines_and_labels_can_be_left_out
     assert {t.split(":")[0] for t in legend} >= {"F", "B", "I", "W"}  # the kinds of both panels
     assert drawn_labels(axes[0]) and not axes[1].texts
     assert not timeline.cut_bars(fig)
+
+
+def test_a_followed_microbatch_is_outlined_on_every_rank_and_the_legend_says_which():
+    """Issue 50: one microbatch can be followed through a schedule: every block of it, and only
+    those, carries the dark outline, on every rank, and the legend names the microbatch."""
+    events = simulate.simulate(simulate.torch_order("ZBVZeroBubble", 2, 4), {"F": 1.0, "I": 1.0, "W": 1.0})
+    fig, ax = plt.subplots(figsize=(10, 2))
+    timeline.plot(events, ax=ax, time_unit="s", follow=1)
+    fig.canvas.draw()
+    outlined = timeline.followed_bars(ax)
+    assert outlined == [bar for e, bar in zip(events, ax.patches) if e.microbatch == 1]
+    assert {e.rank for e in events if e.microbatch == 1} == {0, 1}
+    assert "outlined: microbatch 1" in legend_texts(fig)
+    fig2, ax2 = plt.subplots(figsize=(10, 2))
+    timeline.plot(events, ax=ax2, time_unit="s")
+    assert not timeline.followed_bars(ax2) and not any("outlined" in t for t in legend_texts(fig2))
+
+
+def test_later_chunks_differ_by_more_than_lightness_and_a_top_legend_frees_the_width():
+    """A rank's later stages are hatched as well as lighter; with legend="top" one figure legend sits
+    above the panels (none beside them), and larger label sizes can be asked for."""
+    events = simulate.simulate(simulate.torch_order("Interleaved1F1B", 2, 4), {"F": 1.0, "B": 2.0})
+    chunk = timeline._chunk_of(events)
+    fig, axes = plt.subplots(2, 1, figsize=(8, 4), layout="constrained")
+    for ax in axes:
+        timeline.plot(events, ax=ax, time_unit="s", legend="top", label_sizes=(9, 8, 7))
+    fig.canvas.draw()
+    for e, bar in zip(events, axes[0].patches):
+        assert bool(bar.get_hatch()) == (chunk[(e.rank, e.stage)] > 0)
+    assert all(ax.get_legend() is None for ax in axes) and len(fig.legends) == 1
+    assert any("hatched" in t.get_text() for t in fig.legends[0].get_texts())
+    assert max(t.get_fontsize() for t in axes[0].texts if t.fits) == 9
+    with pytest.raises(ValueError, match="largest first"):
+        timeline.plot(events, ax=axes[0], label_sizes=(7, 9))

@@ -6,7 +6,12 @@ reader and differ on every machine. The build (``build_book.execute``, which ``r
 too) passes every executed notebook's outputs through :func:`hide_in_notebook`, which writes each
 such prefix as a reader would: ``site-packages/torch/...`` for an installed package,
 ``lib/python3.11/...`` for the standard library, ``src/ppbook/...`` for a file of the repository,
-``~`` for the home directory. Code cells are left alone (the execution cache keys on them).
+``~`` for the home directory. Under the temporary folder, a folder a page made with ``tempfile``
+is named by its prefix, as the commands the pages print name it (``/tmp/ppbook-ch7-x1y2z3w4/p2``
+-> ``/tmp/ppbook-ch7/p2``, :func:`ppbook.launch.temp_folder_name`), and the file IPython runs a
+cell from (``/tmp/ipykernel_123/456.py``) is ``<notebook cell>``. Any other path under the
+temporary folder that no page named is the build's own (:func:`temp_paths` finds them). Code cells are left alone
+(the execution cache keys on them).
 
     python tools/machine_paths.py _build/html     # list the build paths left on built pages
 """
@@ -18,7 +23,10 @@ import os
 import re
 import sys
 import sysconfig
+import tempfile
 from pathlib import Path
+
+from ppbook.launch import temp_folder_name
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,13 +53,45 @@ def _pattern(paths: list[tuple[str, str]]) -> re.Pattern:
     return re.compile("|".join(rf"{re.escape(p)}(?![\w.-])" for p, _ in paths))
 
 
+def _temp_pattern() -> re.Pattern:
+    """A path under the temporary folder (``/tmp`` or ``$TMPDIR``), its first folder in group 1."""
+    roots = {"/tmp", tempfile.gettempdir().rstrip("/"), os.path.realpath(tempfile.gettempdir()).rstrip("/")}
+    alternatives = "|".join(re.escape(r) for r in sorted(roots, key=len, reverse=True) if r.count("/") >= 1)
+    return re.compile(rf"(?<![\w./~-])(?:{alternatives})/([^\s/'\"`<>:,;)\]\\&]+)")  # a name stops at JSON's \\n and HTML's &quot;
+
+
+def _hide_temp(text: str) -> str:
+    """Folders made by ``tempfile`` named by their prefix; IPython's cell files as ``<notebook cell>``."""
+    temp = _temp_pattern()
+    text = re.sub(temp.pattern + r"/\d+\.py", lambda m: "<notebook cell>" if m[1].startswith("ipykernel_") else m[0],
+                  text)
+    return temp.sub(lambda m: f"/tmp/{temp_folder_name(m[1])}", text)
+
+
 def hide(text: str, paths: list[tuple[str, str]] | None = None) -> str:
-    """``text`` with every machine path written as a reader would (``ROOT/src/x.py`` -> ``./src/x.py``)."""
+    """``text`` with every machine path written as a reader would (``ROOT/src/x.py`` -> ``./src/x.py``,
+    ``/tmp/ppbook-ch7-x1y2z3w4/p2`` -> ``/tmp/ppbook-ch7/p2``)."""
     paths = machine_paths() if paths is None else paths
-    if not paths:
-        return text
-    shown = dict(paths)
-    return _pattern(paths).sub(lambda m: shown[m.group(0)], text)
+    if paths:
+        shown = dict(paths)
+        text = _pattern(paths).sub(lambda m: shown[m.group(0)], text)
+    return _hide_temp(text)
+
+
+def page_temp_names(root: Path = ROOT) -> set[str]:
+    """The names the pages give their temporary folders, as pages show them: each ``prefix=`` a page
+    of ``root/book`` passes to ``tempfile`` (``prefix="ppbook-ch7-"`` -> ``ppbook-ch7``)."""
+    prefix = re.compile(r"""\bprefix=["']([\w.-]+)["']""")
+    return {p.rstrip("-_") for page in (root / "book").glob("*.md") for p in prefix.findall(page.read_text())}
+
+
+def temp_paths(text: str, named: set[str] | None = None) -> list[str]:
+    """The paths under the temporary folder that ``text`` shows and a reader could not have typed:
+    every one but those in a folder a page named (``named``, by default :func:`page_temp_names`),
+    such as a folder with tempfile's random characters, tempfile's unnamed ``tmp`` folders,
+    IPython's cell files or the build's output folder. Each once, in order of appearance."""
+    named = page_temp_names() if named is None else named
+    return list(dict.fromkeys(m[0] for m in _temp_pattern().finditer(text) if m[1] not in named))
 
 
 def found(text: str, paths: list[tuple[str, str]] | None = None) -> list[str]:
@@ -92,7 +132,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     bad = 0
     for page in sorted(args.html.rglob("*.html")):
-        hits = found(page.read_text("utf8", errors="replace"))
+        text = page.read_text("utf8", errors="replace")
+        hits = found(text) + temp_paths(text)
         if hits:
             bad += 1
             print(f"{page.relative_to(args.html)}: {', '.join(hits)}")

@@ -141,6 +141,19 @@ def residual_bytes(events: list[MemoryEvent]) -> dict[tuple[int, int], int]:
     return {k: v for k, v in sorted(net.items()) if v}
 
 
+def remainder_shares(events: list[MemoryEvent]) -> list[float]:
+    """For each (stage, microbatch) that still held bytes at the last event: what it kept over the
+    most it held at once. Torch's split backward (zero-bubble schedules) keeps such a remainder
+    until ``step`` returns; chapter 5 measures its share."""
+    net: dict[tuple[int, int], int] = {}
+    most: dict[tuple[int, int], int] = {}
+    for e in sorted(events, key=lambda e: e.time):
+        key = (e.stage, e.microbatch)
+        net[key] = net.get(key, 0) + e.delta
+        most[key] = max(most.get(key, 0), net[key])
+    return [net[k] / most[k] for k in net if net[k] > 0]
+
+
 def peak_bytes(events: list[MemoryEvent], by: str = "stage") -> dict[int, int]:
     """Per stage (or per rank, ``by="rank"``), the most saved-activation bytes held at once."""
     out = {}

@@ -175,7 +175,9 @@ def inputs_and_targets(
     of padded positions set to IGNORE_INDEX."""
     # (B, T) each; contiguous: torch 2.11 checks strides
     tokens, targets = rows[:, :-1].contiguous(), rows[:, 1:].clone()
-    positions = torch.arange(targets.shape[1])  # (T,)
+    # (T,) on the rows' device: a CPU tensor beside a GPU one fails
+    positions = torch.arange(targets.shape[1], device=targets.device)
+    lengths = lengths.to(targets.device)
     # target j is row[j + 1]
     targets[positions[None, :] >= (lengths[:, None] - 1)] = IGNORE_INDEX
     return tokens, targets

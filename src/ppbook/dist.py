@@ -82,17 +82,29 @@ def on_device(device: torch.device | str, *tensors: torch.Tensor) -> tuple[torch
 V_SCHEDULES = ("ZBVZeroBubble", "DualPipeV")  # a rank holds two adjacent stages (the V's tip)
 
 
-def schedule_backend_problem(name: str, device: torch.device) -> str | None:
+def schedule_backend_problem(name: str, device: torch.device, world_size: int | None = None) -> str | None:
     """Why schedule ``name`` cannot run on ``device``'s backend with the installed torch, or ``None``.
 
-    Under torch < 2.13 on gloo the rank that holds both stages at the V's tip sends to itself in
-    ``_initialize_stages``, which gloo refuses ("Pair is not connected"); NCCL and torch 2.13 are fine.
+    Under torch < 2.13 on gloo a rank that holds two adjacent stages sends to itself in
+    ``_initialize_stages``, which gloo refuses ("Pair is not connected"): the V's tip, at any number
+    of processes, and every stage of a looped schedule at one process (``world_size`` 1; without
+    ``world_size`` only the V-shaped schedules are judged). NCCL and torch 2.13 are fine.
     """
     from torch.torch_version import TorchVersion
 
-    if name in V_SCHEDULES and device.type == "cpu" and TorchVersion(torch.__version__) < (2, 13):
+    from ppbook.planner.schedules import placement, stage_to_rank
+
+    if device.type != "cpu" or TorchVersion(torch.__version__) >= (2, 13):
+        return None
+    if name in V_SCHEDULES:
         return (f"{name} on gloo (CPU) needs torch >= 2.13, found {torch.__version__}; upgrade torch, run on GPUs "
                 f"(--device cuda), or pick another schedule")
+    if world_size is not None and placement(name) != "single":
+        ranks = stage_to_rank(name, world_size)
+        if any(ranks[s] == ranks[s + 1] for s in range(len(ranks) - 1)):
+            return (f"{name} at {world_size} process(es) on gloo (CPU) needs torch >= 2.13, found {torch.__version__} "
+                    f"(a rank holding two adjacent stages sends to itself); upgrade torch, run on GPUs (--device "
+                    f"cuda), start more processes, or pick Schedule1F1B")
     return None
 
 

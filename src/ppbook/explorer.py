@@ -49,16 +49,53 @@ def planner_data() -> dict:
                     "recompute": list(memory.RECOMPUTE), "balance": list(search.BALANCES),
                     "recipe": list(memory.RECIPES), "kernels": list(memory.KERNELS)},
         "colours": timeline.KIND_COLOURS,
-        # what the exports need (ppbook.planner.export, also read by plan.export): the frameworks' options, torchtitan's registry, Megatron's sharding flags
+        # what the exports need (ppbook.planner.export, also read by plan.export): the frameworks' options, torchtitan's
+        # registry and what it overrides there, Megatron's flags, the placeholders
         "export": {"frameworks": {k: {o: list(v) for o, v in fw.items()} for k, fw in export.FRAMEWORKS.items()},
                    "torchtitan_registry": {k: list(v) for k, v in export.TORCHTITAN_REGISTRY.items()},
-                   "torchtitan_version": export.TORCHTITAN_VERSION, "megatron_core_version": export.MEGATRON_CORE_VERSION,
-                   "megatron_sharding": {k: list(v) for k, v in export.MEGATRON_SHARDING.items()}},
-        # the band every printed time carries (chapter 10): each GPU's family, each family's band
-        "calibration": {"family": dict(calibration.FAMILY),
-                        "bands": {k: asdict(b) for k, b in calibration.bands().items()},
-                        "pooled": calibration.POOLED, "thin_margin": calibration.THIN_MARGIN},
+                   "torchtitan_version": export.TORCHTITAN_VERSION,
+                   "torchtitan_overrides": list(export.TORCHTITAN_OVERRIDES),
+                   "torchtitan_loss_chunks": export.TORCHTITAN_LOSS_CHUNKS,
+                   "torchtitan_checkpoint_interval": export.TORCHTITAN_CHECKPOINT_INTERVAL,
+                   "torchtitan_entry_notes": dict(export.TORCHTITAN_ENTRY_NOTES),
+                   "megatron_lm_release": export.MEGATRON_LM_RELEASE,
+                   "megatron_sharding": {k: list(v) for k, v in export.MEGATRON_SHARDING.items()},
+                   "megatron_overlap": {k: list(v) for k, v in export.MEGATRON_OVERLAP.items()},
+                   "megatron_mlp": {k: list(v) for k, v in export.MEGATRON_MLP.items()},
+                   "megatron_dispatcher": {k: list(v) for k, v in export.MEGATRON_DISPATCHER.items()},
+                   "megatron_precision": {k: list(v) for k, v in export.MEGATRON_PRECISION.items()},
+                   "megatron_optimizer": {k: list(v) for k, v in export.MEGATRON_OPTIMIZER.items()},
+                   "torchtitan_precision_notes": dict(export.TORCHTITAN_PRECISION_NOTES),
+                   "megatron_vocab_divisor": export.MEGATRON_VOCAB_DIVISOR,
+                   "placeholders": dict(export.PLACEHOLDERS)},
+        # the band every printed time carries (chapter 10), for each framework and GPU preset (other GPUs: "other"),
+        # with the lines the command line prints about it
+        "calibration": calibration_data(),
+        "thin_margin": calibration.THIN_MARGIN,
+        "multiples": list(_plan().MULTIPLES),
     }
+
+
+def calibration_data() -> dict:
+    """Each framework's band on each GPU preset, and on any other GPU ("other"), with the lines
+    ``python -m ppbook.plan`` prints about it (:func:`ppbook.planner.calibration.band_for`): the
+    distinct bands once (``bands``), and for each framework and GPU the index of its own (``family``)."""
+    bands, family = [], {}
+    for fw in calibration.FRAMEWORKS:
+        family[fw] = {}
+        for gpu in [*hardware.GPUS, ""]:
+            band = calibration.band_for(gpu, fw)
+            entry = {**asdict(band), "describe": band.describe(), "cautions": calibration.cautions(gpu, fw)}
+            if entry not in bands:
+                bands.append(entry)
+            family[fw][gpu or "other"] = bands.index(entry)
+    return {"bands": bands, "family": family}
+
+
+def _plan():
+    from ppbook import plan  # the command line's module, whose answer the page ports
+
+    return plan
 
 
 def script(name: str) -> str:

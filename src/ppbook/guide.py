@@ -108,6 +108,17 @@ def pick(inp: Inputs) -> Option:
     return ranked[0]
 
 
+def against_1f1b(inp: Inputs) -> dict:
+    """The guide's pick for ``inp`` beside 1F1B, as chapter 5's tables show it: the pick
+    (an :class:`Option`), how much shorter its step is than 1F1B's (a fraction), what
+    ZBVZeroBubble would hold (its memory, with the remainder) and the pick's messages per step
+    over 1F1B's."""
+    ranked = options(inp)
+    by = {o.name: o for o in ranked}
+    return {"pick": ranked[0], "gain": 1 - ranked[0].step / by["1F1B"].step, "zbv": by["ZBVZeroBubble"].memory,
+            "messages": ranked[0].messages / by["1F1B"].messages}
+
+
 # The planner-sized examples chapter 5 shows and tests/test_schedules_guide.py checks against the
 # planner: (model preset, tensor-parallel size, pipeline ranks p, microbatches m), on H100s, eight per
 # node, one 8192-token sequence per microbatch. The 70B is chapter 10's sweep ("Where interleaving

@@ -76,6 +76,18 @@ class RunResult:
         return shlex.join([*prefix, *words])
 
 
+#: A folder ``tempfile.mkdtemp`` made: its prefix, then eight random characters.
+MKDTEMP_NAME = re.compile(r"(.*[-_]|tmp)[a-z0-9_]{8}")
+
+
+def temp_folder_name(name: str) -> str:
+    """A folder directly under the temporary folder as a reader would name it: a folder made by
+    ``tempfile`` by its prefix, without the random characters (``ppbook-ch7-x1y2z3w4`` ->
+    ``ppbook-ch7``); any other name as it is."""
+    made = MKDTEMP_NAME.fullmatch(name)
+    return made[1].rstrip("-_") if made else name
+
+
 def _reader_path(word: str, root: str | None) -> str:
     """``word`` as a reader would type it: relative to ``root`` inside it; under the temporary folder,
     ``/tmp/`` and the folder's prefix without tempfile's random eight characters."""
@@ -87,9 +99,7 @@ def _reader_path(word: str, root: str | None) -> str:
     tmp = Path(tempfile.gettempdir())
     if path.is_relative_to(tmp) and path != tmp:
         first, *rest = path.relative_to(tmp).parts
-        made = re.fullmatch(r"(.*[-_]|tmp)[a-z0-9_]{8}", first)  # mkdtemp's prefix, then 8 random characters
-        first = made[1].rstrip("-_") if made else first
-        return str(Path("/tmp", first, *rest))
+        return str(Path("/tmp", temp_folder_name(first), *rest))
     return word
 
 

@@ -60,15 +60,21 @@ SAVE_OPS = {
 def selective_policy():
     """A fresh policy for one checkpointed forward: keep attention's
     outputs and the 1st, 3rd, 5th, ... matrix product's (torchtitan's
-    "op" selective checkpointing), recompute everything else."""
-    matmuls = 0
+    "op" selective checkpointing), recompute everything else. torch
+    before 2.13 asks it again while recomputing (it pops what was kept
+    in the order kept), so it gives the recomputation the same answers."""
+    matmuls = {False: 0, True: 0}  # seen in the forward, in recomputations
 
     def policy(ctx, func, *args, **kwargs):
-        nonlocal matmuls
-        if func == _aten.mm.default and not ctx.is_recompute:
-            matmuls += 1  # counted in the forward only
-        every_other = func != _aten.mm.default or matmuls % 2 == 1
-        if func in SAVE_OPS and every_other:
+        if func != _aten.mm.default:
+            save = func in SAVE_OPS
+        else:
+            matmuls[ctx.is_recompute] += 1
+            k = matmuls[ctx.is_recompute]  # this one's place in its pass;
+            if ctx.is_recompute:  # a zero-bubble schedule recomputes twice
+                k = (k - 1) % matmuls[False] + 1
+            save = k % 2 == 1
+        if save:
             return CheckpointPolicy.MUST_SAVE
         return CheckpointPolicy.PREFER_RECOMPUTE
 

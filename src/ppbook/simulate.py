@@ -74,6 +74,15 @@ def _from_torch(ops) -> Order:
     return order
 
 
+def idle_per_rank(order: Order, costs: Costs) -> float:
+    """How long each rank idles in a step of ``order`` simulated with ``costs``, without
+    communication: the step, first action to last, less the busiest rank's computation. This is
+    what the papers' closed forms give (introduced in chapter 5, "The schedules")."""
+    events = simulate(order, costs)
+    step = max(e.end for e in events) - min(e.start for e in events)
+    return step - max(sum(e.duration for e in events if e.rank == r) for r in order)
+
+
 def zb_h1_order(p: int, m: int) -> Order:
     """ZB-H1 (Qi et al. 2023): 1F1B with each backward split into I and W, and W passes moved
     into the bubbles. This is torch's ``ScheduleInterleavedZeroBubble`` (which implements the

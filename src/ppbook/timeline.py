@@ -177,6 +177,8 @@ KIND_NAMES = {"F": "forward", "B": "backward (full)", "I": "backward, input grad
               "W": "backward, weight gradients"}
 _LATER_CHUNK_TINT = 0.45  # a rank's later stages (chunks) drawn this much closer to white
 _LABEL_SIZES = (7, 6, 5)  # font sizes tried, largest first; below the last a block stays unlabelled
+_FOLLOW_EDGE = "#111111"  # the outline of the microbatch a figure lets the reader follow
+_LATER_CHUNK_HATCH = "///"  # a rank's later stages are also hatched: told apart by more than lightness
 
 
 def block_labels(events: list[Event]) -> dict[Event, list[str]]:
@@ -241,7 +243,9 @@ def _block_label_class():
             ax = self.axes
             key = (id(renderer), tuple(ax.bbox.bounds), ax.get_xlim(), ax.get_ylim())
             if getattr(ax, "_ppbook_label_choice", (None,))[0] != key:
-                ax._ppbook_label_choice = (key, _choose(renderer, [t for t in ax.texts if isinstance(t, BlockLabel)]))
+                sizes = getattr(ax, "_ppbook_label_sizes", _LABEL_SIZES)
+                ax._ppbook_label_choice = (key, _choose(renderer, [t for t in ax.texts if isinstance(t, BlockLabel)],
+                                                        sizes))
             level, size = ax._ppbook_label_choice[1]
             self.set_position((self.bar.get_x() + self.bar.get_width() / 2, self.bar.get_y() + self.bar.get_height() / 2))
             text = self.candidates[min(level, len(self.candidates) - 1)]
@@ -249,13 +253,13 @@ def _block_label_class():
             if self.fits:
                 super().draw(renderer)
 
-    def _choose(renderer, labels) -> tuple[int, int]:
+    def _choose(renderer, labels, sizes=_LABEL_SIZES) -> tuple[int, int]:
         """(level, size): the first, in order of preference, that every labellable block fits. A
         shorter label at a readable size beats a longer one at the smallest: the colour already
         says the kind, so ``"3"`` at 7 points reads better than ``"F3"`` at 5. And where only a few
         blocks (one in ten at most, say a sliver a noisy host recorded) would hold a label at the
         smallest size alone, those few stay bare rather than shrink the whole panel's type."""
-        smallest, readable_min = _LABEL_SIZES[-1], _LABEL_SIZES[-2]
+        smallest, readable_min = sizes[-1], sizes[-2]
         able = [b for b in labels if b._fits(renderer, b.candidates[-1], smallest)]
         legible = [b for b in able if b._fits(renderer, b.candidates[-1], readable_min)]
         depth = max((len(b.candidates) for b in labels), default=1)
@@ -263,7 +267,7 @@ def _block_label_class():
         def every(blocks, level, size):
             return all(b._fits(renderer, b.candidates[min(level, len(b.candidates) - 1)], size) for b in blocks)
 
-        readable = [(level, size) for level in range(depth) for size in _LABEL_SIZES[:-1]]
+        readable = [(level, size) for level in range(depth) for size in sizes[:-1]]
         for level, size in readable:
             if every(able, level, size):
                 return level, size
@@ -280,13 +284,16 @@ def _block_label_class():
 
 
 def plot(events: list[Event], ax=None, title: str | None = None, labels: bool = True, time_unit: str = "ms",
-         legend: bool = True):
+         legend: bool | str = True, follow: int | None = None, label_sizes: tuple[int, ...] | None = None):
     """A per-rank Gantt chart: one row per rank, one bar per action, white gaps are idle time.
 
     Each block names its microbatch (and, on a rank holding several stages, its stage: see
     :func:`block_labels`) where it fits; ``labels=False`` leaves the blocks bare. ``legend`` puts
     the colours' meaning in the figure, once per figure, beside its top panel (a figure of several
-    timelines gets one legend for the kinds of all of them)."""
+    timelines gets one legend for the kinds of all of them; ``"top"``: above the panels, in rows,
+    which leaves the panels the figure's whole width). ``follow`` outlines every block of that
+    microbatch, so a reader can follow it through the pipeline (:func:`style_blocks`);
+    ``label_sizes`` are the font sizes the labels may take, largest first (default 7, 6, 5)."""
     import matplotlib.pyplot as plt
 
     scale = {"s": 1.0, "ms": 1e3}[time_unit]
@@ -300,8 +307,9 @@ def plot(events: list[Event], ax=None, title: str | None = None, labels: bool = 
         (bar,) = ax.barh(e.rank, w, left=x, height=0.8, color=block_colour(e, chunk), edgecolor="white",
                          linewidth=0.5)
         bars.append(bar)
+    style_blocks(ax, bars, events, follow)
     if labels:
-        label_blocks(ax, bars, events)
+        label_blocks(ax, bars, events, label_sizes)
     ax.set_yticks(ranks, [f"rank {r}" for r in ranks])
     ax.set_ylim(max(ranks) + 0.6, min(ranks) - 0.6)
     # Axes made with sharex=True share one x-limit: setting it to this timeline's span would cut
@@ -315,7 +323,7 @@ def plot(events: list[Event], ax=None, title: str | None = None, labels: bool = 
     ax._ppbook_chunked = len(chunk) > len(ranks)
     ax._ppbook_labelled = labels
     if legend:
-        figure_legend(ax.figure)
+        figure_legend(ax.figure, "top" if legend == "top" else None)
     return ax
 
 
@@ -326,10 +334,39 @@ def block_colour(e: Event, chunk: dict[tuple[int, int], int]):
     return _tint(KIND_COLOURS[e.kind], _LATER_CHUNK_TINT) if later else KIND_COLOURS[e.kind]
 
 
-def label_blocks(ax, bars, events: list[Event]) -> None:
+def style_blocks(ax, bars, events: list[Event], follow: int | None = None) -> None:
+    """What a block shows besides its colour, as :func:`plot` draws it: a rank's later stages
+    (chunks) hatched as well as lighter, so they are told apart without reading shades; and, with
+    ``follow``, a dark outline around every block of that microbatch, drawn over its neighbours, so
+    that one microbatch can be followed from rank to rank (the legend says which)."""
+    chunk = _chunk_of(events)
+    for e, bar in zip(events, bars, strict=True):
+        if chunk[(e.rank, e.stage)] > 0:
+            bar.set_hatch(_LATER_CHUNK_HATCH)
+            bar.set_hatchcolor("white")
+        if follow is not None and e.microbatch == follow:
+            bar.set_edgecolor(_FOLLOW_EDGE)
+            bar.set_linewidth(1.6)
+            bar.set_zorder(2)
+    ax._ppbook_followed = follow if any(e.microbatch == follow for e in events) else None
+
+
+def followed_bars(ax) -> list:
+    """The bars of ``ax`` outlined by :func:`style_blocks` (those of the followed microbatch)."""
+    from matplotlib.colors import same_color
+
+    return [b for b in ax.patches if same_color(b.get_edgecolor(), _FOLLOW_EDGE)]
+
+
+def label_blocks(ax, bars, events: list[Event], sizes: tuple[int, ...] | None = None) -> None:
     """Label each of ``bars`` (drawn for ``events``, in the same order) with its microbatch, as
     :func:`plot` does: for any chart whose bars are a timeline's actions (chapter 13 draws
-    overlapped pairs in half rows). The labels choose what fits when the figure is drawn."""
+    overlapped pairs in half rows). The labels choose what fits when the figure is drawn, at one
+    of ``sizes`` (points, largest first; at least two)."""
+    if sizes is not None:
+        if len(sizes) < 2 or list(sizes) != sorted(sizes, reverse=True):
+            raise ValueError(f"label sizes {sizes!r}: give two or more font sizes, largest first, e.g. (9, 8, 7)")
+        ax._ppbook_label_sizes = tuple(sizes)
     texts, chunk = block_labels(events), _chunk_of(events)
     BlockLabel = _block_label_class()
     for e, bar in zip(events, bars, strict=True):
@@ -338,29 +375,45 @@ def label_blocks(ax, bars, events: list[Event]) -> None:
         ax.add_artist(label)
 
 
-def figure_legend(fig) -> None:
-    """One legend for every timeline of ``fig``: the kinds drawn, the tint of later chunks where a
-    rank holds several stages, and idle time; beside the top-right timeline, outside its axes.
-    :func:`plot` calls it; a chart drawn otherwise sets ``ax._ppbook_kinds`` (the kinds drawn),
-    ``ax._ppbook_chunked`` and ``ax._ppbook_labelled`` on its axes and calls it too."""
+def figure_legend(fig, where: str | None = None) -> None:
+    """One legend for every timeline of ``fig``: the kinds drawn, the tint (and hatching) of later
+    chunks where a rank holds several stages, the outline of a followed microbatch, and idle time.
+    ``where``: ``"right"`` (the default) beside the top-right timeline, outside its axes; ``"top"``
+    above all panels, in rows (it needs ``layout="constrained"``, which makes room for it); the
+    figure keeps the last choice. :func:`plot` calls it; a chart drawn otherwise sets
+    ``ax._ppbook_kinds`` (the kinds drawn), ``ax._ppbook_chunked`` and ``ax._ppbook_labelled`` on
+    its axes and calls it too."""
     from matplotlib.patches import Patch
 
+    if where not in (None, "right", "top"):
+        raise ValueError(f"legend place {where!r}: use 'right' or 'top'")
+    where = fig._ppbook_legend_where = where or getattr(fig, "_ppbook_legend_where", "right")
     drawn = [a for a in fig.axes if hasattr(a, "_ppbook_kinds")]
-    for a in drawn:
-        if getattr(a, "_ppbook_legend", None) is not None:
-            a._ppbook_legend.remove()
-            a._ppbook_legend = None
+    for holder in [*drawn, fig]:
+        if getattr(holder, "_ppbook_legend", None) is not None:
+            holder._ppbook_legend.remove()
+            holder._ppbook_legend = None
     kinds = set().union(*(a._ppbook_kinds for a in drawn))
     handles = [Patch(color=KIND_COLOURS[k], label=f"{k}: {KIND_NAMES[k]}") for k in "FBIW" if k in kinds]
     if any(a._ppbook_chunked for a in drawn):
-        handles.append(Patch(color=_tint(KIND_COLOURS["F"], _LATER_CHUNK_TINT),
-                             label="lighter: the rank's later stage (chunk)"))
+        handles.append(Patch(facecolor=_tint(KIND_COLOURS["F"], _LATER_CHUNK_TINT), hatch=_LATER_CHUNK_HATCH,
+                             edgecolor="white", label="lighter, hatched: the rank's later stage (chunk)"))
+    followed = {a._ppbook_followed for a in drawn if getattr(a, "_ppbook_followed", None) is not None}
+    for k in sorted(followed):
+        handles.append(Patch(facecolor="white", edgecolor=_FOLLOW_EDGE, linewidth=1.6,
+                             label=f"outlined: microbatch {k}"))
     handles.append(Patch(facecolor="white", edgecolor="#999999", label="white: idle (bubble)"))
-    # the top panel, the rightmost of those on top (a grid of panels): its legend lies outside it
     title = None
     if any(a._ppbook_labelled for a in drawn):
         title = "a block's label: pass and microbatch\n(F3 = forward of microbatch 3" + (
             ";\n5F3, or 3 over s5 = on stage 5)" if any(a._ppbook_chunked for a in drawn) else ")")
+    if where == "top":
+        if title:
+            title = " ".join(title.split("\n"))
+        fig._ppbook_legend = fig.legend(handles=handles, loc="outside upper left", ncol=3, fontsize=8,
+                                        frameon=False, title=title, title_fontsize=8, alignment="left")
+        return
+    # the top panel, the rightmost of those on top (a grid of panels): its legend lies outside it
     top = max(drawn, key=lambda a: (round(a.get_position().y1, 3), a.get_position().x1))
     top._ppbook_legend = top.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7,
                                     frameon=False, title=title, title_fontsize=7, alignment="left")

@@ -12,4 +12,7 @@ parallelisms), never from hand-typed coordinates:
   tracer (chapter 4).
 - :mod:`ppbook.diagrams.schedule`: a schedule's order per rank, microbatches (and chunks) numbered
   inside the blocks (chapters 3 and 5).
+- :mod:`ppbook.diagrams.microbatch_cost`: what a microbatch costs on a GPU, from a recorded run: a
+  block's rate against tokens per microbatch, the step against m (chapter 11; chapter 3's short
+  version).
 """

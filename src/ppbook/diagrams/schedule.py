@@ -23,7 +23,7 @@ Where the blocks go along the row:
 
 Colours, labels and legend are the timelines' (:mod:`ppbook.timeline`, one piece of code for
 both): forward (F), full backward (B = I + W), input-gradient pass (I), weight-gradient pass (W);
-a rank's later chunks (looped and V-shaped schedules) drawn lighter. Each block names its
+a rank's later chunks (looped and V-shaped schedules) drawn lighter and hatched. Each block names its
 microbatch, in the longest form that fits every block of its panel at a readable size (``F3``
 or ``3``; on a rank holding several stages ``5F3``, ``3`` over ``s5``, or ``3``), chosen when the
 figure is drawn, so no label spills out of a small block. The legend is drawn in the figure, once,
@@ -109,14 +109,16 @@ def colour(kind: str, chunk: int = 0):
     return timeline.block_colour(Event(0, chunk, kind, 0, 0.0, 0.0), {(0, chunk): chunk})
 
 
-def draw(order, ax=None, costs=None, latency: float = 0.0, title: str | None = None, legend: bool = True,
-         xlabel: str | None = None):
+def draw(order, ax=None, costs=None, latency: float = 0.0, title: str | None = None, legend: bool | str = True,
+         xlabel: str | None = None, follow: int | None = None, label_sizes: tuple[int, ...] | None = None):
     """Draw ``order`` on ``ax`` (rows per rank, rank 0 on top), each block labelled with its
     microbatch (and stage) as the timelines are (:func:`ppbook.timeline.label_blocks`). With
     ``legend`` the figure gets one legend for every schedule drawn on it so far
-    (:func:`ppbook.timeline.figure_legend`), beside its top panel: leave it on for every panel,
-    the last call places it. Returns ``ax``. Axes that share their x axis keep the longest drawn
-    row in view (each draw extends the limit, never shrinks it)."""
+    (:func:`ppbook.timeline.figure_legend`), beside its top panel (``"top"``: above the panels):
+    leave it on for every panel, the last call places it. ``follow`` outlines every block of one
+    microbatch, and ``label_sizes`` sets the labels' font sizes, as for
+    :func:`ppbook.timeline.plot`. Returns ``ax``. Axes that share their x axis keep the longest
+    drawn row in view (each draw extends the limit, never shrinks it)."""
     import matplotlib.pyplot as plt
 
     ax = ax or plt.gca()
@@ -125,7 +127,8 @@ def draw(order, ax=None, costs=None, latency: float = 0.0, title: str | None = N
     chunk = {(b.rank, b.stage): b.chunk for b in drawn}
     bars = [ax.barh(b.rank, b.end - b.start, left=b.start, height=0.8, color=timeline.block_colour(e, chunk),
                     edgecolor="white", linewidth=0.6)[0] for b, e in zip(drawn, events)]
-    timeline.label_blocks(ax, bars, events)
+    timeline.style_blocks(ax, bars, events, follow)
+    timeline.label_blocks(ax, bars, events, label_sizes)
     ranks = sorted({b.rank for b in drawn})
     ax.set_yticks(ranks, [f"rank {r}" for r in ranks])
     ax.set_ylim(max(ranks) + 0.6, min(ranks) - 0.6)
@@ -138,7 +141,7 @@ def draw(order, ax=None, costs=None, latency: float = 0.0, title: str | None = N
     ax._ppbook_chunked = any(b.chunk for b in drawn)
     ax._ppbook_labelled = True
     if legend:
-        timeline.figure_legend(ax.figure)
+        timeline.figure_legend(ax.figure, "top" if legend == "top" else None)
     return ax
 
 

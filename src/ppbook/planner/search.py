@@ -97,6 +97,8 @@ class Request:
     #                                    sends a token once to each other node its experts are on ("deepep")
     precision: str = "bf16"             # the blocks' matrix products: bf16, or an FP8 recipe (memory.PRECISIONS)
     optimizer: str = "adamw"            # its state per parameter (memory.OPTIMIZER_STATE)
+    framework: str = "torchtitan"      # what the reader will run: it picks the published runs that calibrate the
+    #                                    printed times (ppbook.planner.calibration); the search is the same
 
     # every cache of the search is keyed on the request, whose model, GPU and links hash field by
     # field: hashed once (hashing it anew on every look-up took a tenth of a search)
