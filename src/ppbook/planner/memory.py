@@ -86,9 +86,11 @@ SHARDING = ("none", "zero1", "zero2", "fsdp")
 RECOMPUTE = ("none", "selective", "full")
 KERNELS = ("fused", "unfused", "book")
 # How bf16 training gets bf16 weights for its passes (see :func:`weight_copy_bytes`): float32 weights under one
-# autocast region per step (the book's scripts until issue 48, the first GPU record), an autocast region per
-# microbatch, or bf16 compute copies made once per step beside float32 masters.
-WEIGHT_CASTS = ("autocast", "per-microbatch", "per-step")
+# autocast region per step (the book's scripts until issue 48, the first GPU record), the matrix products'
+# weights as bf16 compute copies kept beside their float32 masters under that region (precision.MasterWeights,
+# the book's scripts since), an autocast region per microbatch, or every weight a bf16 compute copy made once
+# per step beside float32 masters (the planner's default recipe).
+WEIGHT_CASTS = ("autocast", "master", "per-microbatch", "per-step")
 
 
 @dataclass(frozen=True)
@@ -513,6 +515,11 @@ def weight_copy_bytes(cast_params: float, weight_casts: str, in_flight: int = 1)
       requires grad (the matrix products' weights, ``cast_params``; the embedding and the norms'
       scales run in float32) from its first use until the outermost region exits, after the
       step's last backward: one copy, shared by every microbatch's saved graph.
+    - ``master``: :class:`ppbook.precision.MasterWeights` under that region (the book's scripts
+      since issue 48): the matrix products' weights are bf16 compute copies that autocast uses
+      as they are, their float32 originals the optimizer's masters, recast once after each
+      optimizer step. The passes hold what ``autocast`` holds; the copies live on through the
+      optimizer step, where autocast's cache is gone.
     - ``per-microbatch``: a region per microbatch's forward. Each closes with its forward, but
       the copies stay referenced by that microbatch's saved graph until its backward: one copy
       per microbatch in flight.
@@ -666,7 +673,7 @@ def training_peak(shape: ModelShape, schedule: str, m: int, microbatch_size: int
         backwards += 1
     step = moment("optimizer step", {
         "gradients (float32)": [4 * e for _, e, _ in params],
-        "weight copies (bf16)": [2 * e for e in copied] if weight_casts == "per-step" else [],
+        "weight copies (bf16)": [2 * e for e in copied] if weight_casts in ("per-step", "master") else [],
         "optimizer temporaries": [optimizer_step_bytes([e for _, e, _ in params], optimizer)],
         "logits (bf16)": [2 * V * n] * (m if keep else 0),
         "loss scalars": [scalar] * (m if keep else 0),
