@@ -322,6 +322,8 @@ def test_three_hundred_layouts_are_the_pythons(js):
                 assert close(start, e.start) and close(end, e.end), (k, layout.label())
     assert schedules_seen == set(S.TORCH_SCHEDULES) | {search.NO_PIPELINE}
     assert any(c.ep > 1 and c.schedule == "DualPipeV" for _, c in chosen) and any(c.ep > 1 for _, c in chosen)
+    # experts folded over tensor parallelism (ep beyond dp), and split by expert tensor parallelism
+    assert any(c.ep > c.dp for _, c in chosen) and any(c.etp > 1 for _, c in chosen)
     assert any(c.cp > 1 for _, c in chosen)
 
 
@@ -381,15 +383,21 @@ def test_the_exports_are_the_pythons(js):
                                               ("mixtral-8x7b", 16, 64, True))]
     # DualPipeV's overlap of the all-to-all, which torchtitan 0.3.0 does not run: refused alike
     requests.append(replace(requests[-1], overlap_f_b=True))
+    # issue 52: the dispatcher, a capacity factor, FP8 and the optimizer reach the exports (Adafactor: Megatron refuses)
+    requests += [replace(requests[2], precision="fp8-current", dispatcher="deepep", optimizer="adamw-bf16"),
+                 replace(requests[2], precision="fp8-delayed", capacity_factor=1.25, optimizer="muon"),
+                 replace(requests[2], optimizer="adafactor")]
     layouts = [search.Layout(4, 4, 4, "Interleaved1F1B", 2, 1, 32, "fsdp", "selective", "ends"),
                search.Layout(4, 4, 4, "Interleaved1F1B", 3, 1, 32, "zero1", "full"),
                search.Layout(8, 2, 4, "1F1B", 1, 2, 16, "zero2", "full", "ends"),
                search.Layout(2, 1, 32, search.NO_PIPELINE, 1, 2, 2, "none", "none"),
                search.Layout(1, 2, 4, "DualPipeV", 2, 1, 16, "fsdp", "none", "even", 2),
-               search.Layout(2, 4, 2, "GPipe", 1, 1, 32, "none", "full")]
+               search.Layout(2, 4, 2, "GPipe", 1, 1, 32, "none", "full"),
+               search.Layout(2, 2, 4, "1F1B", 1, 2, 8, "zero1", "full", "even", 4, 1, 2)]  # each expert on etp 2
     def fitted(x, r):  # the layout on this request's GPUs and batch
         dp = r.gpus // (x.tp * x.p)
-        return replace(x, dp=dp, m=max(1, r.global_batch // (dp * x.b)), ep=x.ep if r.model.moe else 1)
+        return replace(x, dp=dp, m=max(1, r.global_batch // (dp * x.b)), ep=x.ep if r.model.moe else 1,
+                       etp=x.etp if r.model.moe else 1)
 
     cases = [(r, fitted(x, r), kind) for r in requests for x in layouts if r.gpus % (x.tp * x.p) == 0
              for kind in ("torchtitan", "megatron")]

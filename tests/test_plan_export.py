@@ -26,12 +26,13 @@ import subprocess
 import sys
 import warnings
 from dataclasses import replace
+from unittest import mock
 from pathlib import Path
 
 import pytest
 
 from ppbook import plan
-from ppbook.planner import export, hardware, search, shapes
+from ppbook.planner import export, hardware, memory, search, shapes
 
 tyro = pytest.importorskip("tyro", reason="pip install -r requirements.txt")
 pytest.importorskip("torchtitan", reason="the Makefile installs torchtitan==0.3.0 --no-deps")
@@ -245,8 +246,16 @@ def megatron_read_back(text: str, req: search.Request):
                   bf16=args.bf16, params_dtype=torch.bfloat16, pipeline_dtype=torch.bfloat16)
     if args.num_experts:
         kwargs.update(num_moe_experts=args.num_experts, moe_router_topk=args.moe_router_topk,
-                      moe_ffn_hidden_size=args.moe_ffn_hidden_size)
-    with warnings.catch_warnings():
+                      moe_ffn_hidden_size=args.moe_ffn_hidden_size,
+                      expert_tensor_parallel_size=args.expert_tensor_parallel_size,
+                      moe_token_dispatcher_type=args.moe_token_dispatcher_type,
+                      moe_flex_dispatcher_backend=args.moe_flex_dispatcher_backend,
+                      moe_expert_capacity_factor=args.moe_expert_capacity_factor)
+    if args.fp8:
+        kwargs.update(fp8=args.fp8, fp8_recipe=args.fp8_recipe, fp8_amax_history_len=args.fp8_amax_history_len,
+                      fp8_amax_compute_algo=args.fp8_amax_compute_algo)
+    with warnings.catch_warnings(), mock.patch("megatron.core.transformer.transformer_config.is_te_min_version",
+                                              lambda *_, **__: True):  # FP8's checks ask Transformer Engine's version
         warnings.simplefilter("ignore")
         tc = TransformerConfig(**kwargs)
         ddp = DistributedDataParallelConfig(use_distributed_optimizer=args.use_distributed_optimizer,
@@ -316,6 +325,89 @@ def test_megatron_parser_refuses_a_flag_it_does_not_have():
     with pytest.raises(_Refused, match="invalid choice"):
         parser.parse_args(["--normalization", "RMSnorm"])
     assert parser.parse_args(["--tokenizer-type", "HuggingFaceTokenizer"]).tokenizer_type == "HuggingFaceTokenizer"
+
+
+# the experts' fold, FP8 and the optimizers (issue 52): Qwen3-30B-A3B on 16 H100s (B200s for MXFP8)
+MOE_CASES = [
+    # ep 16 over dp 8 (folded over tensor parallelism too), DeepEP, FP8 current scaling, bf16 moments
+    (dict(precision="fp8-current", dispatcher="deepep", optimizer="adamw-bf16"),
+     search.Layout(2, 1, 8, search.NO_PIPELINE, 1, 2, 4, "zero1", "full", "even", 16)),
+    # each expert split over etp 2, a capacity factor, delayed scaling, Muon
+    (dict(precision="fp8-delayed", optimizer="muon", capacity_factor=1.25),
+     search.Layout(2, 2, 4, "1F1B", 1, 2, 8, "zero1", "full", "even", 4, 1, 2)),
+    # no expert parallelism, the experts split over tp (Megatron-Core's default made explicit), blockwise, SGD
+    (dict(precision="fp8-blockwise", optimizer="sgd"),
+     search.Layout(2, 1, 8, search.NO_PIPELINE, 1, 2, 4, "none", "none", "even", 1, 1, 2)),
+    # experts unsplit beside tp 2 (etp 1, which Megatron-Core would not do by default), MXFP8 on Blackwell
+    (dict(precision="mxfp8", gpu="b200"),
+     search.Layout(2, 1, 8, search.NO_PIPELINE, 1, 2, 4, "zero1", "full", "even", 8)),
+]
+FP8_FLAGS = {"fp8-current": ("hybrid", "tensorwise"), "fp8-delayed": ("hybrid", "delayed"),
+             "fp8-blockwise": ("hybrid", "blockwise"), "mxfp8": ("e4m3", "mxfp8")}
+
+
+def moe_request(gpu="h100-sxm", **kw) -> search.Request:
+    g = hardware.GPUS[gpu]
+    return search.Request(shapes.PRESETS["qwen3-30b-a3b"], g, 16, 8, 64, 4096, hardware.LINKS[g.nvlink],
+                          hardware.LINKS[g.network], **kw)
+
+
+@pytest.mark.parametrize("options,layout", MOE_CASES, ids=lambda x: x.label() if isinstance(x, search.Layout) else
+                         "-".join(f"{k}={v}" for k, v in x.items()))
+def test_megatron_exports_the_experts_fold_fp8_and_the_optimizer(options, layout):
+    """What the planner timed reaches Megatron-LM's command line: ep and etp (named even where etp is 1:
+    Megatron-Core splits each expert over tp GPUs unless told), the dispatcher, the capacity factor, the FP8
+    recipe as Megatron-Bridge's recipes set it, the optimizer; read back by Megatron-LM's parser and validated
+    by megatron-core's TransformerConfig. Before issue 52's export, etp, FP8 and the optimizer were dropped."""
+    req = moe_request(**options)
+    _, args, tc, _ = megatron_read_back(exported(layout, req, "megatron"), req)
+    assert (args.expert_model_parallel_size, args.expert_tensor_parallel_size) == (layout.ep, layout.etp)
+    assert (tc.expert_model_parallel_size, tc.expert_tensor_parallel_size) == (layout.ep, layout.etp)
+    assert (args.num_experts, args.moe_router_topk) == (req.model.experts, req.model.top_k)
+    assert (args.moe_token_dispatcher_type, args.moe_flex_dispatcher_backend) == (
+        ("flex", "deepep") if req.dispatcher == "deepep" else ("alltoall", "deepep"))  # deepep: the parser's default
+    assert args.moe_expert_capacity_factor == (req.capacity_factor or None)
+    assert (args.fp8, args.fp8_recipe) == FP8_FLAGS[req.precision] and tc.fp8 == args.fp8
+    if req.precision == "fp8-delayed":  # the history of maxima the planner counts
+        assert args.fp8_amax_history_len == memory.PRECISIONS["fp8-delayed"].amax_history
+    assert args.optimizer == {"muon": "muon", "sgd": "sgd"}.get(req.optimizer, "adam")
+    assert args.use_precision_aware_optimizer == (req.optimizer == "adamw-bf16")
+    if req.optimizer == "adamw-bf16":
+        assert args.exp_avg_dtype == args.exp_avg_sq_dtype == "bf16"
+
+
+def test_every_flag_the_export_names_is_megatron_lms():
+    """Each flag of the export's tables (ppbook.planner.export) is one Megatron-LM's parser defines
+    (tests/data/megatron_lm_arguments.json), with a value among its choices."""
+    parser = megatron_parser()
+    tables = [export.MEGATRON_SHARDING, export.MEGATRON_OVERLAP, export.MEGATRON_MLP, export.MEGATRON_DISPATCHER,
+              export.MEGATRON_PRECISION, export.MEGATRON_OPTIMIZER]
+    flags = [f for table in tables for value in table.values() for f in value]
+    assert {"--fp8-format hybrid", "--fp8-recipe tensorwise", "--moe-flex-dispatcher-backend deepep"} <= set(flags)
+    for flag in flags:
+        parser.parse_args(flag.split())  # refuses an unknown flag or a value outside its choices
+    # the planner's names: every precision and dispatcher it times has its flags; every optimizer but Adafactor
+    assert set(export.MEGATRON_PRECISION) == set(memory.PRECISIONS)
+    assert set(export.MEGATRON_DISPATCHER) == set(search.DISPATCHERS)
+    assert set(memory.OPTIMIZER_STATE) - set(export.MEGATRON_OPTIMIZER) == {"adafactor"}
+
+
+def test_what_a_framework_cannot_run_of_fp8_and_the_optimizer_is_said():
+    """Megatron-LM has no Adafactor: refused in one line. torchtitan 0.3.0 turns FP8 on in a registry
+    entry (rowwise Float8, MXFP8), not on its command line: the export says so, and which optimizer was
+    counted where the entry runs AdamW."""
+    layout = MOE_CASES[0][1]
+    with pytest.raises(ValueError, match="Megatron-LM has no adafactor optimizer"):
+        exported(layout, moe_request(optimizer="adafactor"), "megatron")
+    tt = replace(layout, ep=8, sharding="fsdp")  # torchtitan borrows ep from dp_shard x cp x tp
+    for precision in ("fp8-current", "fp8-delayed", "fp8-blockwise"):
+        text = exported(tt, moe_request(precision=precision, optimizer="muon"), "torchtitan")
+        assert f"# {export.TORCHTITAN_PRECISION_NOTES[precision]}" in text.splitlines()
+        assert "# the planner counted the state of muon; the registry entry runs AdamW: set yours in it" in text
+    text = exported(tt, moe_request(gpu="b200", precision="mxfp8"), "torchtitan")
+    assert "MXFP8LinearConverter" in text and "AdamW: set yours" not in text
+    assert not any("FP8" in x or "MXFP8" in x for x in exported(tt, moe_request(), "torchtitan").splitlines()
+                   if x.startswith("#"))
 
 
 def test_megatron_model_flags_for_other_architectures():

@@ -300,7 +300,7 @@
     const body = h("tbody"), b = planner.band(), tied = planner.tie(rows).length;
     rows.slice(0, TOP).forEach((o, i) => {
       const L = o.layout, inTie = tied > 1 && i < tied;
-      const cells = [(i + 1) + (inTie ? "*" : ""), L.tp].concat(context ? [L.cp] : []).concat([L.p, L.v, L.dp]).concat(experts ? [L.ep] : []).concat([L.sharding, L.schedule, L.b, L.m,
+      const cells = [(i + 1) + (inTie ? "*" : ""), L.tp].concat(context ? [L.cp] : []).concat([L.p, L.v, L.dp]).concat(experts ? [(L.ep || 1) + ((L.etp || 1) > 1 ? " etp " + L.etp : "")] : []).concat([L.sharding, L.schedule, L.b, L.m,
         L.recompute, seconds(o.step_s * b.factor),
         Math.round(o.tokens_per_s_per_gpu / b.factor), Math.round(100 * o.mfu / b.factor) + "%",
         L.p === 1 ? "–" : pct(o.bubble), gb(o.peak_bytes), o.estimated ? "est." : "meas."]);
@@ -352,7 +352,7 @@
     const perReplica = req.global_batch % L.dp === 0 ? req.global_batch / L.dp : 0;
     const ms = perReplica ? divisors(perReplica) : [L.m];
     options($("ppx-m"), ms, ms.map((m) => m + " (b=" + (perReplica / m) + ")"), L.m);
-    options($("ppx-ep"), planner.expertParallelSizes(L.dp), null, L.ep || 1);
+    options($("ppx-ep"), planner.expertParallelSizes(L.dp, L.tp, L.cp || 1, L.etp || 1), null, L.ep || 1);
     $("ppx-ep").disabled = !req.model.experts;
     options($("ppx-sharding"), L.dp > 1 ? data.choices.sharding : ["none"], null, L.sharding);
     options($("ppx-recompute"), data.choices.recompute, null, L.recompute);
@@ -388,10 +388,12 @@
     }
     b = req.global_batch / (dp * m);
     if (!Number.isInteger(b)) b = 0;  // draw() says why
-    const eps = planner.expertParallelSizes(dp), wanted = Number($("ppx-ep").value) || 1;
+    // the experts fold over tp x cp x dp (ep may exceed dp); a split of each expert (etp) is kept while it still folds
+    const etp = (old.etp || 1) > 1 && (tp * cp * dp) % old.etp === 0 ? old.etp : 1;
+    const eps = planner.expertParallelSizes(dp, tp, cp, etp), wanted = Number($("ppx-ep").value) || 1;
     const ep = eps.includes(wanted) ? wanted : eps.filter((e) => e <= wanted).pop() || 1;  // dp moved: the nearest below
     return P.layout(tp, p, dp, schedule, v, b, m, dp > 1 ? $("ppx-sharding").value : "none", $("ppx-recompute").value,
-                    p > 1 ? $("ppx-balance").value : "even", ep, cp);
+                    p > 1 ? $("ppx-balance").value : "even", ep, cp, etp);
   }
 
   for (const name of ["tp", "cp", "p", "schedule", "v", "m", "ep", "sharding", "recompute", "balance"])

@@ -38,6 +38,7 @@ def planner_data() -> dict:
         "efficiency": {k: list(v) for k, v in costs.EFFICIENCY.items()},
         "efficiency_range": list(costs.EFFICIENCY_RANGE),
         "attention_backward": costs.ATTENTION_BACKWARD,
+        "expert_gemm_tflops": [list(r) for r in costs.EXPERT_GEMM_TFLOPS],  # grouped GEMMs by rows per expert
         "presets": {k: asdict(v) for k, v in shapes.PRESETS.items()},
         "gpus": {k: asdict(v) for k, v in hardware.GPUS.items()},
         "links": {k: asdict(v) for k, v in hardware.LINKS.items()},
@@ -61,6 +62,10 @@ def planner_data() -> dict:
                    "megatron_sharding": {k: list(v) for k, v in export.MEGATRON_SHARDING.items()},
                    "megatron_overlap": {k: list(v) for k, v in export.MEGATRON_OVERLAP.items()},
                    "megatron_mlp": {k: list(v) for k, v in export.MEGATRON_MLP.items()},
+                   "megatron_dispatcher": {k: list(v) for k, v in export.MEGATRON_DISPATCHER.items()},
+                   "megatron_precision": {k: list(v) for k, v in export.MEGATRON_PRECISION.items()},
+                   "megatron_optimizer": {k: list(v) for k, v in export.MEGATRON_OPTIMIZER.items()},
+                   "torchtitan_precision_notes": dict(export.TORCHTITAN_PRECISION_NOTES),
                    "megatron_vocab_divisor": export.MEGATRON_VOCAB_DIVISOR,
                    "placeholders": dict(export.PLACEHOLDERS)},
         # the band every printed time carries (chapter 10), for each framework and GPU preset (other GPUs: "other"),
@@ -105,10 +110,17 @@ def page(data: dict | None = None) -> str:
     drawing script (the script builds the controls from the data)."""
     data = planner_data() if data is None else data
     payload = json.dumps(data, separators=(",", ":")).replace("</", "<\\/")
-    code = (script("planner.js") + "\n" + script("explorer.js")).replace("</script", "<\\/script")
+    code = (compact(script("planner.js")) + "\n" + script("explorer.js")).replace("</script", "<\\/script")
     return (f'<style>\n{script("explorer.css")}</style>\n'
             '<div id="ppx" class="ppx"><noscript>The planner needs JavaScript.</noscript></div>\n'
             f'<script type="application/json" id="ppx-data">{payload}</script>\n<script>\n{code}\n</script>')
+
+
+def compact(js: str) -> str:
+    """``js`` as the page ships it: without its whole-line ``//`` comments and its indentation, which
+    the browser does not need (the port is read in ``planner.js`` itself). Its lines are kept, so an
+    error in the page still names a line; the port holds no template literal that spans lines."""
+    return "\n".join(line.strip() for line in js.split("\n") if not line.strip().startswith("//"))
 
 
 def source_digest(data: dict | None = None) -> str:

@@ -31,10 +31,12 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from ppbook.planner import calibration, hardware, memory, schedules, search, shapes
-from ppbook.planner.export import (FRAMEWORKS, MEGATRON_CORE_VERSION, MEGATRON_LM_RELEASE, MEGATRON_MLP,
-                                   MEGATRON_OVERLAP, MEGATRON_SHARDING, MEGATRON_VOCAB_DIVISOR, PLACEHOLDERS,
+from ppbook.planner.export import (FRAMEWORKS, MEGATRON_CORE_VERSION, MEGATRON_DISPATCHER, MEGATRON_LM_RELEASE,
+                                   MEGATRON_MLP, MEGATRON_OPTIMIZER, MEGATRON_OVERLAP, MEGATRON_PRECISION,
+                                   MEGATRON_SHARDING, MEGATRON_VOCAB_DIVISOR, PLACEHOLDERS,
                                    TORCHTITAN_CHECKPOINT_INTERVAL, TORCHTITAN_ENTRY_NOTES, TORCHTITAN_LOSS_CHUNKS,
-                                   TORCHTITAN_OVERRIDES, TORCHTITAN_REGISTRY, TORCHTITAN_VERSION)
+                                   TORCHTITAN_OVERRIDES, TORCHTITAN_PRECISION_NOTES, TORCHTITAN_REGISTRY,
+                                   TORCHTITAN_VERSION)
 
 GB = memory.GB
 
@@ -111,6 +113,24 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "pair's all-to-all under computation (torch and torchtitan 0.3.0 register none: the pair's "
                         "halves run one after the other)")
     g.add_argument("--headroom", type=float, default=0.1, help="fraction of each GPU kept free")
+    g.add_argument("--precision", choices=PRECISION_FLAGS, default="bf16",
+                   help="the blocks' matrix products: bf16, or FP8 with --fp8-recipe (the embedding, head, router, "
+                        "norms, attention's softmax products and all communication stay bf16)")
+    g.add_argument("--fp8-recipe", choices=FP8_RECIPES, default=None,
+                   help="with --precision fp8: per-tensor current (the default) or delayed scaling, blockwise "
+                        "(DeepSeek-V3's 1x128 and 128x128 blocks; Hopper), or mxfp8 (Blackwell)")
+    g.add_argument("--optimizer", choices=list(memory.OPTIMIZER_STATE), default="adamw",
+                   help="its state per parameter: adamw two float32 moments, adamw-bf16 two bf16 moments, muon and "
+                        "sgd one momentum buffer, adafactor factored second moments")
+    g.add_argument("--dispatcher", choices=list(search.DISPATCHERS), default="alltoall",
+                   help="mixture of experts: one all-to-all sends every routed copy (alltoall), or DeepEP sends a "
+                        "token once to each other node its experts are on (deepep)")
+    g.add_argument("--moe-imbalance", type=float, default=1.0,
+                   help="mixture of experts: tokens the busiest expert-parallel rank receives over the mean (1: "
+                        "balanced, as published benchmarks force it)")
+    g.add_argument("--capacity-factor", type=float, default=0.0,
+                   help="mixture of experts: 0 dropless, else each expert takes at most this times its share "
+                        "(tokens beyond it dropped), which caps --moe-imbalance")
     g.add_argument("--framework", choices=calibration.FRAMEWORKS, default=calibration.DEFAULT_FRAMEWORK,
                    help="what you will run: its published runs on your GPU's generation calibrate the times printed "
                         "(default torchtitan, whose runtime the planner's defaults model); the search is the same")
@@ -119,7 +139,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--pp", type=int, nargs="+", default=None, help="pipeline sizes to try (default: every one up to --max-p)")
     g.add_argument("--ep", type=int, nargs="+", default=None,
                    help="expert-parallel sizes to try, for a mixture of experts (default: every one dividing the "
-                        "data-parallel size and the experts)")
+                        "experts whose ep x etp divides tp x cp x dp: Megatron-Core's MoE parallel folding)")
+    g.add_argument("--etp", type=int, nargs="+", default=None,
+                   help="expert-tensor-parallel sizes to try: each expert split over etp GPUs (default: 1 and the "
+                        "layout's tp); ep x etp folds over tp x cp x dp, so ep may exceed dp")
     g.add_argument("--max-p", type=int, default=32, help="largest pipeline size tried")
     g.add_argument("--max-v", type=int, default=4, help="most stages per rank of the looped schedules")
     g.add_argument("--v", type=int, nargs="+", default=None,
@@ -207,7 +230,7 @@ def request_from(args: argparse.Namespace) -> search.Request:
         bad = [x for x in values if x not in allowed]
         if bad:
             raise ValueError(f"{flag}: unknown {', '.join(map(repr, bad))}; use some of {', '.join(allowed)}")
-    for flag, values in (("--tp", args.tp or []), ("--pp", args.pp or []), ("--ep", args.ep or []),
+    for flag, values in (("--tp", args.tp or []), ("--pp", args.pp or []), ("--ep", args.ep or []), ("--etp", args.etp or []),
                          ("--v", args.v or []), ("--dp", args.dp or []), ("--cp", args.cp or []),
                          ("--microbatch-sizes", args.microbatch_sizes or [])):
         for x in values:
@@ -222,7 +245,8 @@ def request_from(args: argparse.Namespace) -> search.Request:
                          schedules=tuple(args.schedules), shardings=tuple(args.sharding),
                          recomputes=tuple(args.recompute), balances=tuple(args.balance),
                          measured_costs=not args.estimate_costs, fsdp_reshard=args.fsdp_reshard_after_forward,
-                         stage_io=args.stage_io, overlap_f_b=args.overlap_f_b, framework=args.framework)
+                         stage_io=args.stage_io, overlap_f_b=args.overlap_f_b, framework=args.framework,
+                         **moe_fp8_options(args))
     if args.tp and not search.tensor_parallel_sizes(req):
         raise ValueError(f"no --tp of {args.tp} divides the {args.gpus} GPUs, the {model.heads} heads, the "
                          f"{model.kv_heads} key/value heads and the MLP width {model.ffn} within a node of "
@@ -242,6 +266,101 @@ def request_from(args: argparse.Namespace) -> search.Request:
     return req
 
 
+# --- mixtures of experts, FP8, other optimizers (issue 52) --------------------------------------------------------
+
+PRECISION_FLAGS = ("bf16", "fp8")
+FP8_RECIPES = ("current", "delayed", "blockwise", "mxfp8")
+
+
+def precision_name(precision: str, recipe: str) -> str:
+    """The planner's precision (:data:`ppbook.planner.memory.PRECISIONS`) for ``--precision`` and
+    ``--fp8-recipe``: ``bf16``, ``fp8-current``, ``fp8-delayed``, ``fp8-blockwise`` or ``mxfp8``."""
+    if precision == "bf16":
+        return "bf16"
+    recipe = recipe or "current"
+    return "mxfp8" if recipe == "mxfp8" else f"fp8-{recipe}"
+
+
+def moe_fp8_options(args: argparse.Namespace) -> dict:
+    """The request's fields from the flags of issue 52 (precision, optimizer, experts), checked."""
+    for name in ("moe_imbalance", "capacity_factor"):
+        _finite(f"--{name.replace('_', '-')}", getattr(args, name), 0.0, inclusive=True)
+    if args.fp8_recipe and args.precision != "fp8":
+        raise ValueError(f"--fp8-recipe {args.fp8_recipe} is an FP8 recipe: add --precision fp8")
+    if args.moe_imbalance < 1:
+        raise ValueError(f"--moe-imbalance is the busiest expert-parallel rank's tokens over the mean, at least 1; "
+                         f"got {args.moe_imbalance:g}")
+    return {"precision": precision_name(args.precision, args.fp8_recipe), "optimizer": args.optimizer,
+            "dispatcher": args.dispatcher, "moe_imbalance": args.moe_imbalance, "capacity_factor": args.capacity_factor,
+            "etps": tuple(args.etp or ())}
+
+
+def expert_layout_problem(tp: int, cp: int, dp: int, ep: int, etp: int, req: search.Request) -> str | None:
+    """Why experts cannot be laid out ``ep x etp`` over a dense part of ``tp x cp x dp`` GPUs
+    (:func:`ppbook.planner.search.expert_layouts`); ``None`` if they can. ``ep`` larger than ``dp`` is
+    no problem: it folds over the tensor- and context-parallel GPUs too."""
+    if not req.model.moe or (ep == 1 and etp == 1):
+        return None
+    if min(ep, etp) < 1 or req.model.experts % ep:
+        return f"ep {ep} must divide the model's {req.model.experts} experts"
+    if (tp * cp * dp) % (ep * etp):
+        return (f"ep {ep} x etp {etp} = {ep * etp} must divide tp {tp} x cp {cp} x dp {dp} = {tp * cp * dp}, the GPUs "
+                "of a pipeline stage the experts fold over (Megatron-Core's MoE parallel folding)")
+    if req.model.expert_ffn % etp or etp > req.gpus_per_node:
+        return f"etp {etp} must divide the experts' width {req.model.expert_ffn} and fit in a node of {req.gpus_per_node}"
+    return None
+
+
+def experts_problem(layout: search.Layout, kind: str) -> str | None:
+    """Why framework ``kind`` cannot lay out ``layout``'s experts; ``None`` if it can. Megatron-Core
+    folds any ``ep x etp`` over ``tp x cp x dp``; torchtitan 0.3.0 borrows ``ep`` from
+    ``dp_shard x cp x tp`` only (``ParallelDims``: its replicated data parallelism stays outside) and
+    has no expert tensor parallelism: its experts are split over the tensor-parallel GPUs when
+    ``ep`` is 1 and not at all when ``ep > 1``."""
+    if kind != "torchtitan" or (layout.ep == 1 and layout.etp == 1):
+        return None
+    if layout.ep > 1 and layout.etp > 1:
+        return f"torchtitan 0.3.0 has no expert tensor parallelism beside expert parallelism (etp {layout.etp}): use etp 1"
+    if layout.ep == 1 and layout.etp not in (1, layout.tp):
+        return f"torchtitan 0.3.0 splits the experts over all tp {layout.tp} GPUs or none (etp {layout.etp})"
+    shard = layout.dp if layout.sharding == "fsdp" else 1
+    if (shard * layout.cp * layout.tp) % layout.ep:
+        return (f"torchtitan 0.3.0 borrows ep {layout.ep} from dp_shard x cp x tp = {shard * layout.cp * layout.tp} "
+                "(its replicated data parallelism stays outside): use sharding fsdp or a smaller ep")
+    return None
+
+
+def not_modelled(args: argparse.Namespace, req: search.Request) -> list[str]:
+    """One line for each part of the request the planner counts in its own way or does not time:
+    an optimizer other than Adam, an FP8 recipe (what runs in FP8, its measured speed-up, what stays
+    bf16, what it keeps in memory), a mixture of experts' routing, and the layers of a Hugging Face
+    config the planner cannot time (:func:`ppbook.planner.shapes.unmodelled_layers`)."""
+    lines = []
+    if req.optimizer != "adamw":
+        state, what = memory.OPTIMIZER_STATE[req.optimizer]
+        lines.append(f"optimizer {req.optimizer}: {state} bytes of state a parameter beside the float32 master, {what}")
+    if req.precision != "bf16":
+        p = memory.PRECISIONS[req.precision]
+        f, i, w = search.costs.fp8_speedup(req.precision, req.gpu.name)
+        lines.append(f"precision {req.precision}: {p.about}; the blocks' linear layers run their F, I and W products "
+                     f"{f:.2f}, {i:.2f} and {w:.2f} times faster than bf16 ({search.costs.FP8_SOURCE}); in bf16: "
+                     f"{', '.join(memory.BF16_PARTS)}; memory: FP8 copies of the weights ({p.weight_copy_bytes:.2f} "
+                     f"bytes a parameter) beside the bf16 weights and float32 masters, linear layers' inputs kept for "
+                     f"the backward in FP8 ({p.saved_input_bytes:.2f} bytes)" + (
+                         f", a {p.amax_history}-step history of maxima per FP8 tensor" if p.amax_history else ""))
+    if req.model.moe:
+        load = search.expert_load(req)
+        lines.append(f"mixture of experts: experts laid out over tp x cp x dp (ep up to it, etp apart: Megatron-Core's "
+                     f"folding); the busiest expert-parallel rank receives {load:g} times the mean "
+                     f"({'balanced' if load == 1 else 'from --moe-imbalance/--capacity-factor'}); dispatcher "
+                     f"{req.dispatcher}; node-limited routing, FP8 dispatch and Megatron's 1F1B all-to-all overlap are "
+                     "not modelled")
+    config = shapes.config_of(args.model)
+    if config is not None:
+        lines += shapes.unmodelled_layers(config, req.seq_len, Path(args.model).name)
+    return lines
+
+
 class LayoutProblem(ValueError):
     """A well-formed ``--layout`` that cannot run on this request (the batch does not split into it,
     or its schedule refuses its microbatches): reported after the rest of the answer."""
@@ -256,16 +375,16 @@ def parse_layout(text: str, req: search.Request) -> search.Layout:
             raise ValueError(f"--layout: {word!r} is not key=value (e.g. tp=8 pp=4 schedule=1F1B)")
         k, v = word.split("=", 1)
         fields[k.strip()] = v.strip()
-    known = {"tp", "cp", "pp", "dp", "ep", "schedule", "v", "b", "m", "sharding", "recompute", "balance"}
+    known = {"tp", "cp", "pp", "dp", "ep", "etp", "schedule", "v", "b", "m", "sharding", "recompute", "balance"}
     unknown = set(fields) - known
     if unknown:
         raise ValueError(f"--layout: unknown key {sorted(unknown)[0]!r}; use {', '.join(sorted(known))}")
     try:
         tp, pp, cp = int(fields.get("tp", 1)), int(fields.get("pp", 1)), int(fields.get("cp", 1))
-        b, ep = int(fields.get("b", 1)), int(fields.get("ep", 1))
+        b, ep, etp = int(fields.get("b", 1)), int(fields.get("ep", 1)), int(fields.get("etp", 1))
         v = int(fields["v"]) if "v" in fields else None
     except ValueError as e:
-        raise ValueError(f"--layout: tp, cp, pp, dp, ep, v, b and m are whole numbers ({e})") from None
+        raise ValueError(f"--layout: tp, cp, pp, dp, ep, etp, v, b and m are whole numbers ({e})") from None
     if min(tp, pp, cp, b) < 1 or req.gpus % (tp * cp * pp):
         raise ValueError(f"--layout: tp {tp} x cp {cp} x pp {pp} must divide the {req.gpus} GPUs (and each be at "
                          "least 1)")
@@ -294,10 +413,12 @@ def parse_layout(text: str, req: search.Request) -> search.Layout:
                                  ("balance", balance, search.BALANCES)):
         if value not in allowed:
             raise ValueError(f"--layout: {name}={value!r}; use one of {', '.join(allowed)}")
-    if ep > 1 and (not req.model.moe or dp % ep or req.model.experts % ep):
-        raise ValueError(f"--layout: ep {ep} must divide dp {dp} and the model's experts "
-                         f"({req.model.experts if req.model.moe else 'none: a dense model'})")
-    layout = search.Layout(tp, pp, dp, schedule, v, b, m, sharding, recompute, balance, max(1, ep), cp)
+    if (ep > 1 or etp > 1) and not req.model.moe:
+        raise ValueError(f"--layout: ep {ep} must divide dp {dp} and the model's experts (none: a dense model)")
+    layout_problem = expert_layout_problem(tp, cp, dp, ep, etp, req)
+    if layout_problem:
+        raise ValueError(f"--layout: {layout_problem}")
+    layout = search.Layout(tp, pp, dp, schedule, v, b, m, sharding, recompute, balance, max(1, ep), cp, max(1, etp))
     problem = search.constraint_problem(layout, req)
     if problem:
         raise LayoutProblem(f"--layout: {problem}")
@@ -404,8 +525,9 @@ def table(ranked: list[search.Prediction], top: int, req: search.Request | None 
     tied = len(tie(ranked, req))
     experts = any(o.layout.ep > 1 for o in ranked[:top])  # an ep column only where expert parallelism is used
     context = any(o.layout.cp > 1 for o in ranked[:top])  # a cp column only where context parallelism is used
+    split = any(o.layout.etp > 1 for o in ranked[:top])   # an etp column only where experts are split
     rows = [f"{'':>4} {'tp':>2} " + (f"{'cp':>2} " if context else "") + f"{'pp':>3} {'v':>2} {'dp':>4} " +
-            (f"{'ep':>3} " if experts else "") +
+            (f"{'ep':>3} " if experts else "") + (f"{'etp':>3} " if split else "") +
             f"{'sharding':>8} {'schedule':>21} {'balance':>7} {'b':>2} {'m':>5} "
             f"{'recompute':>9} {'step s':>7} {'band s':>11} {'tok/s/GPU':>9} {'MFU':>5} {'bubble':>6} {'GB/GPU':>6} "
             f"{'passes':>9}"]
@@ -415,7 +537,7 @@ def table(ranked: list[search.Prediction], top: int, req: search.Request | None 
         tps = band.throughput(o.tokens_per_s_per_gpu)[0]
         mark = "*" if i <= tied and tied > 1 else " "
         rows.append(f"{i:>3}{mark} {c.tp:>2} " + (f"{c.cp:>2} " if context else "") + f"{c.p:>3} {c.v:>2} {c.dp:>4} " +
-                    (f"{c.ep:>3} " if experts else "") +
+                    (f"{c.ep:>3} " if experts else "") + (f"{c.etp:>3} " if split else "") +
                     f"{c.sharding:>8} {c.schedule:>21} {c.balance if c.p > 1 else '':>7} {c.b:>2} "
                     f"{c.m:>5} {c.recompute:>9} {_sig(centre, 3):>7} {_sig(short) + '-' + _sig(long):>11} "
                     f"{tps:>9.0f} {100 * o.mfu / band.factor:>4.0f}% {bubble_text(o):>6} {o.peak_gb:>6.1f} "
@@ -847,6 +969,9 @@ def runs_on(layout: search.Layout, kind: str, req: search.Request | None = None)
     nearest option would hold other memory than the planner counts); ``None`` if it can. With
     ``req``, also whether its layers split over the stages as the framework splits them."""
     fw = FRAMEWORKS[kind]
+    experts = experts_problem(layout, kind)
+    if experts:
+        return experts
     if layout.schedule not in fw["schedules"]:
         return f"{kind} runs no {layout.schedule} schedule"
     if layout.sharding not in fw["shardings"]:
@@ -866,6 +991,8 @@ def runs_on(layout: search.Layout, kind: str, req: search.Request | None = None)
             return "Megatron-LM has no ALiBi position embedding"
         if req.model.mlp not in MEGATRON_MLP:
             return f"Megatron-LM's command line has no {req.model.mlp} MLP"
+        if req.optimizer not in MEGATRON_OPTIMIZER:
+            return f"Megatron-LM has no {req.optimizer} optimizer"
     if kind == "megatron" and layout.p > 1:
         if layout.balance == "ends" and layout.num_stages > layout.p:
             return "Megatron-LM lightens the first and last pipeline ranks, not stages, under interleaving"
@@ -963,6 +1090,10 @@ def torchtitan_args(pred: search.Prediction, req: search.Request) -> tuple[list[
     if req.recipe != "bf16":
         notes.append(f"torchtitan's FSDP keeps float32 master weights and reduces gradients in float32 (the bf16 "
                      f"recipe); the planner counted --recipe {req.recipe}")
+    if req.precision in TORCHTITAN_PRECISION_NOTES:
+        notes.append(TORCHTITAN_PRECISION_NOTES[req.precision])
+    if req.optimizer != "adamw":
+        notes.append(f"the planner counted the state of {req.optimizer}; the registry entry runs AdamW: set yours in it")
     return args, notes
 
 
@@ -1003,7 +1134,9 @@ def megatron_model_args(req: search.Request) -> tuple[list[str], list[str]]:
             args.append(f"--q-lora-rank {m.q_lora_rank}")
     if m.moe:
         args += [f"--num-experts {m.experts}", f"--moe-router-topk {m.top_k}", f"--moe-ffn-hidden-size {m.expert_ffn}",
-                 "--moe-token-dispatcher-type alltoall", "--moe-grouped-gemm"]
+                 *MEGATRON_DISPATCHER[req.dispatcher], "--moe-grouped-gemm"]
+        if req.capacity_factor > 0:
+            args.append(f"--moe-expert-capacity-factor {req.capacity_factor:g}")
         if m.shared_experts:
             args.append(f"--moe-shared-expert-intermediate-size {m.shared_experts * m.expert_ffn}")
         if m.dense_layers:
@@ -1025,6 +1158,8 @@ def megatron_args(pred: search.Prediction, req: search.Request) -> tuple[list[st
         args.append(f"--context-parallel-size {c.cp}")
     if c.ep > 1:
         args.append(f"--expert-model-parallel-size {c.ep}")
+    if req.model.moe:  # Megatron-Core splits each expert over tp GPUs unless told: name etp, 1 included
+        args.append(f"--expert-tensor-parallel-size {c.etp}")
     if c.num_stages > c.p:
         args.append(f"--num-virtual-stages-per-pipeline-rank {c.num_stages // c.p}")
     if c.balance == "ends" and c.p > 1:
@@ -1042,7 +1177,7 @@ def megatron_args(pred: search.Prediction, req: search.Request) -> tuple[list[st
     if req.kernels == "unfused":
         args.append("--attention-backend unfused")
     args += [f"--micro-batch-size {c.b}", f"--global-batch-size {req.global_batch}", "--bf16",
-             "--train-iters <TRAIN_ITERS>", "--lr <LR>", "--lr-warmup-iters <WARMUP_ITERS>", "--eval-iters 0",
+             *MEGATRON_PRECISION[req.precision], *MEGATRON_OPTIMIZER[req.optimizer], "--train-iters <TRAIN_ITERS>", "--lr <LR>", "--lr-warmup-iters <WARMUP_ITERS>", "--eval-iters 0",
              "--data-path <DATA_PREFIX>", "--tokenizer-type HuggingFaceTokenizer", "--tokenizer-model <TOKENIZER>",
              "--save <CHECKPOINT_DIR>", "--load <CHECKPOINT_DIR>", "--save-interval <SAVE_INTERVAL>"]
     step = MEGATRON_VOCAB_DIVISOR * c.tp
@@ -1128,7 +1263,7 @@ def main(argv=None) -> int:
         return 2
     ranked, dropped = search.plan(req, slack=tie_slack(req))
     print("\n".join(header(req, ranked)))
-    for line in assumptions(args, req):
+    for line in assumptions(args, req) + not_modelled(args, req):
         print(line)
     print("\n".join(table(ranked, args.top, req)))
     if ranked:

@@ -1,6 +1,7 @@
 """What each framework runs, for the planner's exports: the options torchtitan 0.3.0 and Megatron-LM
 accept, torchtitan's registry entries for the presets and what they set that a reader must replace,
-Megatron's sharding flags, and the placeholders an export leaves for the reader to fill in.
+Megatron's sharding flags, the flags of what the planner times beyond the layout (the experts' dispatcher,
+FP8 recipes, optimizers; issue 52), and the placeholders an export leaves for the reader to fill in.
 
 Introduced in "Choosing a pipeline". Data only, read by ``python -m ppbook.plan --export`` and by
 the planner page (through :func:`ppbook.explorer.planner_data`), so both export the same text.
@@ -91,3 +92,39 @@ MEGATRON_SHARDING = {
 MEGATRON_OVERLAP = {"none": ["--overlap-grad-reduce"], "zero1": ["--overlap-grad-reduce", "--overlap-param-gather"],
                     "zero2": ["--overlap-grad-reduce", "--overlap-param-gather"],
                     "fsdp": ["--overlap-grad-reduce", "--overlap-param-gather"]}
+# What the planner times beyond the layout (issue 52), as Megatron-LM's command line says it (the flags of
+# MEGATRON_LM_RELEASE's parser, tests/data/megatron_lm_arguments.json). The experts' fold: Megatron-Core splits each
+# expert over tp GPUs unless told otherwise (--expert-tensor-parallel-size defaults to tp), so a mixture of experts
+# always names its etp. How tokens reach the experts (search.DISPATCHERS): DeepEP through the flex dispatcher.
+MEGATRON_DISPATCHER = {"alltoall": ["--moe-token-dispatcher-type alltoall"],
+                       "deepep": ["--moe-token-dispatcher-type flex", "--moe-flex-dispatcher-backend deepep"]}
+# FP8 (memory.PRECISIONS) as Megatron-Bridge's recipes of the same scaling set it (NVIDIA-NeMo/Megatron-Bridge,
+# src/megatron/bridge/training/mixed_precision.py @ 05097809: bf16_with_fp8_delayed_scaling_mixed,
+# bf16_with_fp8_current_scaling_mixed, bf16_with_fp8_subchannel_scaling_mixed, bf16_with_mxfp8_mixed): E4M3 forward
+# and E5M2 gradients ("hybrid") but for MXFP8; delayed scaling with the history of maxima the planner counts
+MEGATRON_PRECISION = {
+    "bf16": [],
+    "fp8-delayed": ["--fp8-format hybrid", "--fp8-recipe delayed",
+                    f"--fp8-amax-history-len {memory.PRECISIONS['fp8-delayed'].amax_history}",
+                    "--fp8-amax-compute-algo max"],
+    "fp8-current": ["--fp8-format hybrid", "--fp8-recipe tensorwise"],
+    "fp8-blockwise": ["--fp8-format hybrid", "--fp8-recipe blockwise"],
+    "mxfp8": ["--fp8-format e4m3", "--fp8-recipe mxfp8"],
+}
+# the optimizers' state the planner counts (memory.OPTIMIZER_STATE); Megatron-LM has no Adafactor (plan.runs_on)
+MEGATRON_OPTIMIZER = {"adamw": [], "adamw-bf16": ["--use-precision-aware-optimizer", "--exp-avg-dtype bf16",
+                                                  "--exp-avg-sq-dtype bf16"],
+                      "muon": ["--optimizer muon"], "sgd": ["--optimizer sgd"]}
+# torchtitan 0.3.0 turns FP8 on in a registry entry (its converters), not on the command line, and has torchao's
+# rowwise Float8 recipes and MXFP8 (torchtitan/components/quantization: Float8LinearConverter's recipe_name
+# "rowwise" or "rowwise_with_gw_hp", MXFP8LinearConverter): what the export says of each precision the planner times
+TORCHTITAN_PRECISION_NOTES = {
+    "fp8-delayed": "torchtitan 0.3.0 has no delayed scaling (torchao's Float8 recipes there are rowwise): this job "
+                   "runs bf16 linears, not the FP8 the planner timed",
+    "fp8-current": "torchtitan 0.3.0 has no per-tensor FP8 recipe (torchao's Float8 recipes there are rowwise, which "
+                   "the planner does not time): this job runs bf16 linears, not the FP8 the planner timed",
+    "fp8-blockwise": "torchtitan 0.3.0 has no blockwise FP8 recipe: this job runs bf16 linears, not the FP8 the planner "
+                     "timed",
+    "mxfp8": "torchtitan 0.3.0 turns MXFP8 on in the registry entry, not on the command line: add "
+             "MXFP8LinearConverter.Config() to your entry's converters (Blackwell GPUs)",
+}

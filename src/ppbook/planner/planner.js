@@ -693,6 +693,14 @@
 
   function blockResidualValues(s) { return [6 * s.hidden + 2, s.heads]; }
 
+  // port of memory.expert_activation_extra: an MoE layer's values per token on the busiest GPU beyond the count
+  function expertActivationExtra(s, kernels, recompute, etp, load) {
+    if (recompute === "full") return 0;
+    var dispatched = 2 * s.top_k * s.hidden, width = s.expert_ffn;
+    var routed = s.top_k * (recompute === "selective" ? width : mlpValues(s, width, kernels));
+    return routed * (load - 1) + dispatched * (etp * load - 1);
+  }
+
   function stageParameters(s, layers, first, last) {
     var moe = countMoe(s, layers);
     var blocks = (layers.length - moe) * layerParameters(s, 0) + (moe ? moe * layerParameters(s, s.layers - 1) : 0);
@@ -782,6 +790,34 @@
     return estimate(headFlops(s, b * seqLen), "head_", s.hidden, b * seqLen, gpu);
   }
 
+  // port of costs.moe_dense_costs: one GPU's share (of split) of an MoE layer's attention, router and shared experts
+  function moeDenseCosts(s, gpu, b, seqLen, split) {
+    var tokens = b * seqLen, w = attentionWidths(s), q = w[0], out = w[3];
+    var products = 2.0 * tokens * (attentionParameters(s) + s.shared_experts * mlpParameters(s, s.expert_ffn)) +
+      2.0 * tokens * s.hidden * s.experts;
+    var attention = tokens * seqLen * (q + out);
+    var f = {F: products + attention, I: products + DATA.attention_backward * attention, W: products};
+    return estimate({F: f.F / split, I: f.I / split, W: f.W / split}, "", s.hidden, tokens, gpu);
+  }
+
+  // port of costs.expert_rows_factor: DATA.expert_gemm_tflops = [[rows, TFLOPS of shape 1, of shape 2], ...]
+  function expertRowsFactor(rows) {
+    var tab = DATA.expert_gemm_tflops, big = tab[tab.length - 1];
+    var pts = tab.map(function (r) { return [Math.log2(r[0]), (r[1] / big[1] + r[2] / big[2]) / 2]; });
+    var x = Math.log2(Math.max(rows, tab[0][0]));
+    if (x >= pts[pts.length - 1][0]) return 1;
+    for (var i = 0; i + 1 < pts.length; i++)
+      if (x <= pts[i + 1][0]) return pts[i][1] + (pts[i + 1][1] - pts[i][1]) * (x - pts[i][0]) / (pts[i + 1][0] - pts[i][0]);
+    return 1;
+  }
+
+  // port of costs.expert_costs: one GPU's routed experts, `copies` token copies, `perExpert` to each
+  function expertCosts(s, gpu, copies, perExpert, etp) {
+    var products = 2.0 * copies * mlpParameters(s, s.expert_ffn) / etp, rows = expertRowsFactor(perExpert);
+    var c = estimate({F: products, I: products, W: products}, "", s.hidden, perExpert, gpu);
+    return {F: c.F / rows, I: c.I / rows, W: c.W / rows, measured: false};
+  }
+
   // --- search.py ------------------------------------------------------------------------------------------------------
   // Python's round(): half to even
   function pyRound(x) {
@@ -796,14 +832,15 @@
   function label(L) {
     var pipe = L.schedule === NO_PIPELINE ? "no pipeline" : L.schedule + " p=" + L.p + (L.v > 1 ? " v=" + L.v : "");
     var ends = L.balance === "ends" && L.p > 1 ? " ends" : "";
-    var ep = (L.ep || 1) > 1 ? " ep=" + L.ep : "", cp = (L.cp || 1) > 1 ? " cp=" + L.cp : "";
+    var ep = ((L.ep || 1) > 1 ? " ep=" + L.ep : "") + ((L.etp || 1) > 1 ? " etp=" + L.etp : "");
+    var cp = (L.cp || 1) > 1 ? " cp=" + L.cp : "";
     return "tp=" + L.tp + cp + " " + pipe + ends + " dp=" + L.dp + ep + " " + L.sharding + " b=" + L.b + " m=" + L.m +
       " recompute=" + L.recompute;
   }
 
-  function layout(tp, p, dp, schedule, v, b, m, sharding, recompute, balance, ep, cp) {
+  function layout(tp, p, dp, schedule, v, b, m, sharding, recompute, balance, ep, cp, etp) {
     return {tp: tp, p: p, dp: dp, schedule: schedule, v: v, b: b, m: m, sharding: sharding, recompute: recompute,
-      balance: balance || "even", ep: ep || 1, cp: cp || 1};
+      balance: balance || "even", ep: ep || 1, cp: cp || 1, etp: etp || 1};
   }
 
   function usableBytes(req) { return req.gpu.memory_gb * GB * (1 - req.headroom); }
@@ -878,12 +915,24 @@
     });
   };
 
-  // port of expert_parallel_sizes
-  Planner.prototype.expertParallelSizes = function (dp) {
-    var s = this.req.model, opts = this.req.eps.length ? this.req.eps : [];
+  // port of expert_parallel_sizes: those dividing the experts whose ep x etp divides tp x cp x dp
+  Planner.prototype.expertParallelSizes = function (dp, tp, cp, etp) {
+    var s = this.req.model, opts = this.req.eps.length ? this.req.eps : [], ranks = (tp || 1) * (cp || 1) * dp;
+    etp = etp || 1;
     if (!isMoe(s)) return [1];
-    if (!opts.length) for (var e = 1; e <= dp; e++) opts.push(e);
-    return opts.filter(function (e) { return dp % e === 0 && s.experts % e === 0; });
+    if (!opts.length) for (var e = 1; e <= Math.floor(ranks / etp); e++) opts.push(e);
+    return opts.filter(function (e) { return s.experts % e === 0 && ranks % (e * etp) === 0; });
+  };
+
+  // port of expert_layouts: the [ep, etp] Megatron-Core's MoE parallel folding lays over tp x cp x dp
+  Planner.prototype.expertLayouts = function (tp, cp, dp) {
+    var self = this, req = this.req, s = req.model, out = [];
+    if (!isMoe(s)) return [[1, 1]];
+    var etps = req.etps.length ? req.etps : (tp === 1 ? [1] : [1, tp]);
+    etps.filter(function (e) { return e <= req.gpus_per_node && s.expert_ffn % e === 0; }).forEach(function (etp) {
+      self.expertParallelSizes(dp, tp, cp, etp).forEach(function (ep) { out.push([ep, etp]); });
+    });
+    return out;
   };
 
   // port of stages_per_rank_tried
@@ -907,7 +956,8 @@
         if (!pipelineSize(req, ranks, p)) continue;
         var dp = ranks / p;
         if (req.dps.length && req.dps.indexOf(dp) < 0) continue;
-        self.expertParallelSizes(dp).forEach(function (ep) {
+        self.expertLayouts(tp, cp, dp).forEach(function (pair) {
+          var ep = pair[0], etp = pair[1];
           bs.forEach(function (b) {
             if (req.global_batch % (dp * b)) return;
             var m = req.global_batch / (dp * b);
@@ -918,7 +968,7 @@
                 (dp > 1 ? req.shardings : ["none"]).forEach(function (sharding) {
                   req.recomputes.forEach(function (recompute) {
                     (p > 1 ? req.balances : ["even"]).forEach(function (balance) {
-                      out.push(layout(tp, p, dp, name, v, b, m, sharding, recompute, balance, ep, cp));
+                      out.push(layout(tp, p, dp, name, v, b, m, sharding, recompute, balance, ep, cp, etp));
                     });
                   });
                 });
@@ -1089,11 +1139,52 @@
     return (ep - 1) * req.inter.latency + Math.max(within, across);
   };
 
+  // port of expert_load: the busiest expert-parallel rank's tokens over the mean
+  function expertLoad(req) {
+    return req.capacity_factor > 0 ? Math.min(req.moe_imbalance, req.capacity_factor) : req.moe_imbalance;
+  }
+
+  // port of remote_nodes: other nodes a token's top_k experts are on, on average
+  function remoteNodes(experts, topK, nodes) {
+    if (nodes <= 1) return 0;
+    var perNode = experts / nodes, miss = 1;
+    for (var i = 0; i < topK; i++) miss *= Math.max(0, (experts - perNode - i) / (experts - i));
+    return (nodes - 1) * (1 - miss);
+  }
+
+  // port of deepep_seconds: a token crosses once to each other node its experts are on
+  Planner.prototype.deepepSeconds = function (nbytes, ep, stride) {
+    var req = this.req, s = req.model;
+    if (ep * stride <= req.gpus_per_node || ep <= 1) return this.alltoallSeconds(nbytes, ep, stride);
+    var local = Math.max(1, Math.floor(req.gpus_per_node / stride)), nodes = Math.floor(ep / local);
+    var within = nbytes * (local - 1) / ep / req.intra.bandwidth;
+    var across = nbytes / s.top_k * remoteNodes(s.experts, s.top_k, nodes) / req.inter.bandwidth;
+    return (nodes - 1) * req.inter.latency + (local - 1) * req.intra.latency + Math.max(within, across);
+  };
+
+  // port of moe_layer_seconds: one MoE layer on the busiest GPU, one microbatch
+  Planner.prototype.moeLayerSeconds = function (tp, cp, b, ep, etp) {
+    var self = this;
+    return this.cached("moelayer", [tp, cp, b, ep, etp].join("|"), function () {
+      var req = self.req, s = req.model, gpu = req.gpu, dt = recipe(req.recipe).activation_bytes, load = expertLoad(req);
+      var dense = moeDenseCosts(s, gpu, b, req.seq_len, tp * cp);
+      var own = b * req.seq_len / (tp * cp), copies = own * s.top_k * etp * load;
+      var experts = expertCosts(s, gpu, copies, copies * ep / s.experts, etp);
+      var sent = expertDispatchBytes(b, req.seq_len, s.hidden, s.top_k, dt, tp) / cp * load;
+      var dispatch = 2 * (req.dispatcher === "deepep" ? self.deepepSeconds(sent, ep, etp) : self.alltoallSeconds(sent, ep, etp));
+      if (etp > 1) dispatch += 2 * linkGather(etp <= req.gpus_per_node ? req.intra : req.inter, etp * sent, etp);
+      var tpPart = 0;
+      if (tp > 1) tpPart = linkAllreduce(req.intra, boundaryBytes(b, req.seq_len, s.hidden, dt) / cp, tp) * (s.shared_experts ? 2 : 1);
+      return {compute_F: dense.F + experts.F, compute_I: dense.I + experts.I, compute_W: dense.W + experts.W,
+        dispatch: dispatch, tp: tpPart};
+    });
+  };
+
   // port of _stage_costs: the per-microbatch seconds of each stage's F, I, W and B under layout L
   Planner.prototype.costsOf = function (L) {
     return this.stageCosts(L.tp, numStages(L), L.balance, L.b, L.recompute, L.ep || 1,
                            OVERLAPS_ALL_TO_ALL.indexOf(L.schedule) >= 0 && !!this.req.overlap_f_b, this.torchSplitBackward(L),
-                           L.cp || 1);
+                           L.cp || 1, L.etp || 1);
   };
 
   // port of context_parallel_seconds: [forward, backward] seconds context parallelism adds to one layer and microbatch
@@ -1108,34 +1199,40 @@
     return [gather, gather * (recompute === "full" ? 3 : 2)];
   };
 
-  Planner.prototype.stageCosts = function (tp, nStagesValue, balance, b, recompute, ep, overlap, split, cp) {
+  Planner.prototype.stageCosts = function (tp, nStagesValue, balance, b, recompute, ep, overlap, split, cp, etp) {
     var self = this;
-    ep = ep || 1; overlap = !!overlap; split = !!split; cp = cp || 1;
-    return this.cached("stagecosts", [tp, nStagesValue, balance, b, recompute, ep, overlap, split, cp].join("|"), function () {
+    ep = ep || 1; overlap = !!overlap; split = !!split; cp = cp || 1; etp = etp || 1;
+    return this.cached("stagecosts", [tp, nStagesValue, balance, b, recompute, ep, overlap, split, cp, etp].join("|"), function () {
       var req = self.req, s = req.model, layers = self.layersOf(nStagesValue, balance);
       var dense = layerCosts(s, req.gpu, b, req.seq_len, false, req.measured_costs);
-      var moe = isMoe(s) ? layerCosts(s, req.gpu, b, req.seq_len, true, req.measured_costs) : dense;
       var head = headCosts(s, req.gpu, b, req.seq_len, req.measured_costs);
       var estimated = !(dense.measured && head.measured);
       var actBytes = recipe(req.recipe).activation_bytes, tpHalf = 0;
       if (tp > 1) tpHalf = 2 * linkAllreduce(req.intra, boundaryBytes(b, req.seq_len, s.hidden, actBytes) / cp, tp);
-      var a2a = isMoe(s) && ep > 1 ?
-        2 * self.alltoallSeconds(expertDispatchBytes(b, req.seq_len, s.hidden, s.top_k, actBytes, tp) / cp, ep, tp) : 0;
       var cpFB = self.contextParallelSeconds(b, tp, cp, recompute), cpF = cpFB[0], cpB = cpFB[1];
-      var withA2a = function (compute, isM) { return isM ? compute + a2a : compute; };
-      var redo = {false: {none: 0, full: dense.F, selective: dense.F * self.selectiveShare(false)},
-        true: {none: 0, full: moe.F, selective: moe.F * self.selectiveShare(true)}};
+      var redo = {none: 0, full: dense.F, selective: dense.F * self.selectiveShare(false)};
       var out = {}, n = layers.length, perGroup = split && recompute === "full";
-      var groups = {false: blockWeightGroups(s, false), true: blockWeightGroups(s, true)};
+      // one layer's seconds per pass [F, I, W, W with recomputation per group], dense and MoE (moeLayerSeconds)
+      var groups = blockWeightGroups(s, false), a2a = 0, perLayer = {};
+      perLayer[false] = [(dense.F / (tp * cp) + tpHalf) + cpF, ((dense.I + redo[recompute]) / (tp * cp) + tpHalf) + cpB,
+        (dense.W + 0) / (tp * cp), (dense.W + (perGroup ? groups * dense.F : 0)) / (tp * cp)];
+      if (isMoe(s)) {
+        var moe = self.moeLayerSeconds(tp, cp, b, ep, etp);
+        a2a = moe.dispatch;
+        var comm = moe.tp + a2a, groupsMoe = blockWeightGroups(s, true);
+        var redoMoe = {none: 0, full: moe.compute_F + a2a, selective: moe.compute_F * self.selectiveShare(true)}[recompute];
+        perLayer[true] = [moe.compute_F + comm + cpF, moe.compute_I + redoMoe + comm + cpB, moe.compute_W,
+          moe.compute_W + (perGroup ? groupsMoe * moe.compute_F : 0)];
+      }
       layers.forEach(function (owned, st) {
         var f = 0, i = 0, w = 0, nMoe = countMoe(s, owned);
         [[false, owned.length - nMoe], [true, nMoe]].forEach(function (pair) {
           var isM = pair[0], count = pair[1];
           if (count) {
-            var c = isM ? moe : dense;
-            f += count * (withA2a(c.F / (tp * cp) + tpHalf, isM) + cpF);
-            i += count * (withA2a((c.I + redo[isM][recompute]) / (tp * cp) + tpHalf, isM) + cpB);
-            w += count * ((c.W + (perGroup && st > 0 ? groups[isM] * c.F : 0)) / (tp * cp));
+            var c = perLayer[isM];
+            f += count * c[0];
+            i += count * c[1];
+            w += count * (st > 0 ? c[3] : c[2]);
           }
         });
         if (st === n - 1) { f = f + head.F / (tp * cp); i = i + head.I / (tp * cp); w = w + head.W / (tp * cp); }
@@ -1156,10 +1253,10 @@
     return req.sequence_parallel ? whole / tp : whole;
   };
 
-  Planner.prototype.tables = function (nStagesValue, balance, b, recompute, tp, cp) {
+  Planner.prototype.tables = function (nStagesValue, balance, b, recompute, tp, cp, etp) {
     var self = this;
-    cp = cp || 1;
-    return this.cached("tables", [nStagesValue, balance, b, recompute, tp, cp].join("|"), function () {
+    cp = cp || 1; etp = etp || 1;
+    return this.cached("tables", [nStagesValue, balance, b, recompute, tp, cp, etp].join("|"), function () {
       var req = self.req, s = req.model, layers = self.layersOf(nStagesValue, balance);
       var dt = recipe(req.recipe).activation_bytes, tokens = b * req.seq_len, n = layers.length;
       var whole = (req.sequence_parallel || tp === 1) ? 0 :
@@ -1168,7 +1265,8 @@
       var t = {per_mb: [], residual: [], params: [], block_params: [], blocks: [], experts: []};
       layers.forEach(function (owned, st) {
         t.per_mb.push(stageActivationBytes(s, owned, tokens, st === 0, st === n - 1, dt, req.kernels, recompute, req.seq_len) / (tp * cp) +
-          owned.length * whole / cp + heldIoBytes(boundary, st === 0, st === n - 1, req.stage_io));
+          owned.length * whole / cp + heldIoBytes(boundary, st === 0, st === n - 1, req.stage_io) +
+          self.moeActivationBytes(owned, tokens, recompute, tp, cp, etp));
         t.residual.push(owned.length * valuesBytes(blockResidualValues(s), tokens, dt) / (tp * cp));
         t.params.push(stageParameters(s, owned, st === 0, st === n - 1) / tp);
         t.block_params.push(stageParameters(s, owned, false, false) / tp);
@@ -1181,17 +1279,17 @@
     });
   };
 
-  Planner.prototype.rankActivations = function (schedule, p, m, v, b, balance, recompute, tp, cp) {
+  Planner.prototype.rankActivations = function (schedule, p, m, v, b, balance, recompute, tp, cp, etp) {
     var self = this;
-    cp = cp || 1;
-    return this.cached("rankacts", [schedule, p, m, v, b, balance, recompute, tp, cp].join("|"), function () {
+    cp = cp || 1; etp = etp || 1;
+    return this.cached("rankacts", [schedule, p, m, v, b, balance, recompute, tp, cp, etp].join("|"), function () {
       var req = self.req, s = req.model;
       var nS = p * (schedule === NO_PIPELINE ? 1 : stagesPerRank(schedule, v));
-      var t = self.tables(nS, balance, b, recompute, tp, cp);
+      var t = self.tables(nS, balance, b, recompute, tp, cp, etp);
       var dt = recipe(req.recipe).activation_bytes, tokens = b * req.seq_len;
       var split = SPLIT_BACKWARD.indexOf(schedule) >= 0;
       var logits = logitsBytes(s, tokens, dt) / (tp * cp), lossBwd = lossBackwardBytes(s, tokens) / (tp * cp);
-      var transient = self.transient(b, recompute, tp, cp);
+      var transient = self.transient(b, recompute, tp, cp, etp);
       var ms = simulatedMs(layout(tp, p, 1, schedule, v, b, m, "none", recompute, balance));
       var peaks = ms.map(function (mm) { return self.inFlight(schedule, p, mm, v); });
       var out = [];
@@ -1213,12 +1311,26 @@
     });
   };
 
+  // port of _moe_fp8_activation_bytes (bf16: the experts on the busiest GPU, gathered over etp)
+  Planner.prototype.moeActivationBytes = function (owned, tokens, recompute, tp, cp, etp) {
+    var req = this.req, s = req.model;
+    if (!isMoe(s)) return 0;
+    var nMoe = countMoe(s, owned);
+    if (!nMoe) return 0;
+    return nMoe * (tokens / (tp * cp)) * expertActivationExtra(s, req.kernels, recompute, etp, expertLoad(req)) *
+      recipe(req.recipe).activation_bytes;
+  };
+
+  // port of expert_share and edp_size: the share of a stage's experts (over tp) a GPU holds, the experts' dp size
+  function expertShare(L) { return L.tp / ((L.etp || 1) * (L.ep || 1)); }
+  function edpSize(L) { return L.tp * (L.cp || 1) * L.dp / ((L.etp || 1) * (L.ep || 1)); }
+
   // port of _rank_state: {params (outside the routed experts), experts (this GPU's), state}
   Planner.prototype.rankState = function (L, t, stages) {
-    var params = 0, experts = 0, blocks = 0, inBlocks = 0, ep = L.ep || 1, r = recipe(this.req.recipe);
+    var params = 0, experts = 0, blocks = 0, inBlocks = 0, share = expertShare(L), r = recipe(this.req.recipe);
     stages.forEach(function (s) { params += t.params[s]; });
     stages.forEach(function (s) { experts += t.experts[s]; });
-    var dense = params - experts, local = experts / ep, g = [0, 0];
+    var dense = params - experts, local = experts * share, g = [0, 0];
     if (L.sharding === "fsdp") {
       var pipelined = L.p > 1;
       stages.forEach(function (s) { blocks += t.blocks[s]; });
@@ -1227,7 +1339,7 @@
       g = fsdpGathered(inBlocks / blocks, dense + local - inBlocks, blocks, pipelined,
                        reshardsAfterForward(this.req.fsdp_reshard, pipelined));
       if (pipelined && stages.length > MAX_ACTIVE_STAGES) {
-        var sizes = stages.map(function (s) { return fsdpShare(t, s, ep); }).sort(function (a, b) { return b - a; });
+        var sizes = stages.map(function (s) { return fsdpShare(t, s, share); }).sort(function (a, b) { return b - a; });
         g[0] = 0;
         for (var k = 0; k < MAX_ACTIVE_STAGES; k++) g[0] += sizes[k];
       }
@@ -1235,24 +1347,24 @@
     var dp = L.dp * (L.cp || 1);  // the state is sharded over dp x cp
     var state = stateBytes(dense, r, L.sharding, dp, g[0], g[1]);
     if (local) {
-      var own = stateBytes(local, r, L.sharding, dp / ep);
+      var own = stateBytes(local, r, L.sharding, edpSize(L));
       state = {parameters: state.parameters + own.parameters, gradients: state.gradients + own.gradients,
         optimizer: state.optimizer + own.optimizer};
     }
     return {params: dense, experts: local, state: state};
   };
 
-  function fsdpShare(t, s, ep) { return t.params[s] - t.experts[s] + t.experts[s] / ep; }
+  function fsdpShare(t, s, share) { return t.params[s] - t.experts[s] + t.experts[s] * share; }
 
   // port of fsdp_gathers_factor: how many times over a pipeline rank all-gathers its parameters per step
   Planner.prototype.fsdpGathersFactor = function (L, t, rank) {
-    var self = this, ep = L.ep || 1, stages = this.owned(L, rank), groups = {}, total = 0;
+    var self = this, share = expertShare(L), stages = this.owned(L, rank), groups = {}, total = 0;
     var reshard = reshardsAfterForward(this.req.fsdp_reshard, true);
     stages.forEach(function (s) {
-      var root = t.params[s] - t.block_params[s], inBlocks = fsdpShare(t, s, ep) - root, blocks = [];
+      var root = t.params[s] - t.block_params[s], inBlocks = fsdpShare(t, s, share) - root, blocks = [];
       for (var b = 0; b < t.blocks[s]; b++) blocks.push(inBlocks / t.blocks[s]);
       groups[s] = {blocks: blocks, root: root};
-      total += fsdpShare(t, s, ep);
+      total += fsdpShare(t, s, share);
     });
     var points = simulatedMs(L).map(function (mm) {
       var key = [L.schedule, L.p, mm, L.v, rank, reshard, JSON.stringify(groups)].join("|");
@@ -1265,9 +1377,14 @@
   };
 
   // port of _transient: one layer's recomputation (its 1/cp share) and the keys and values context parallelism gathers
-  Planner.prototype.transient = function (b, recompute, tp, cp) {
+  Planner.prototype.transient = function (b, recompute, tp, cp, etp) {
     var req = this.req, dt = recipe(req.recipe).activation_bytes;
     var out = recomputeTransientBytes(req.model, b * req.seq_len, dt, req.kernels, recompute, req.seq_len) / (tp * cp);
+    if (recompute !== "none" && isMoe(req.model)) {  // what the rebuilt layer keeps beyond it (bf16: the experts)
+      var layer = [req.model.layers - 1];
+      out += this.moeActivationBytes(layer, b * req.seq_len, "none", tp, cp, etp || 1) -
+        this.moeActivationBytes(layer, b * req.seq_len, recompute, tp, cp, etp || 1);
+    }
     if (cp > 1) {
       var w = attentionWidths(req.model);
       out += b * req.seq_len * (w[1] + w[2]) / tp * dt;
@@ -1276,9 +1393,9 @@
   };
 
   Planner.prototype.memoryFloor = function (L) {
-    var t = this.tables(numStages(L), L.balance, L.b, L.recompute, L.tp, L.cp || 1), stages = this.owned(L, 0);
+    var t = this.tables(numStages(L), L.balance, L.b, L.recompute, L.tp, L.cp || 1, L.etp || 1), stages = this.owned(L, 0);
     var st = this.rankState(L, t, stages);
-    var transient = this.transient(L.b, L.recompute, L.tp, L.cp || 1);
+    var transient = this.transient(L.b, L.recompute, L.tp, L.cp || 1, L.etp || 1);
     var minAct = Math.min.apply(null, stages.map(function (s) { return t.per_mb[s]; }));
     return total3(st.state) + Math.min(L.m, L.p) * minAct + transient;
   };
@@ -1286,7 +1403,7 @@
   // port of rank_memory: per pipeline rank {rank, stages, parameters, gradients, optimizer, activations, logits, total}
   Planner.prototype.rankMemory = function (L) {
     var req = this.req, t = this.tables(numStages(L), L.balance, L.b, L.recompute, L.tp);
-    var held = this.rankActivations(L.schedule, L.p, L.m, L.v, L.b, L.balance, L.recompute, L.tp, L.cp || 1), out = [];
+    var held = this.rankActivations(L.schedule, L.p, L.m, L.v, L.b, L.balance, L.recompute, L.tp, L.cp || 1, L.etp || 1), out = [];
     var boundary = this.stageBoundaryBytes(L.b, L.tp, L.cp || 1), n = numStages(L);
     for (var rank = 0; rank < L.p; rank++) {
       var stages = this.owned(L, rank), st = this.rankState(L, t, stages).state, buffers = 0;
@@ -1304,7 +1421,7 @@
     if (L.dp === 1) return [0, 0];
     var r = recipe(req.recipe), link = L.dp * L.tp <= req.gpus_per_node ? req.intra : req.inter;
     var groups = [[params, L.dp]];
-    if (experts) groups.push([experts, L.dp / (L.ep || 1)]);
+    if (experts) groups.push([experts, edpSize(L)]);
     var allreduce = function (perParam) {
       var t = 0;
       groups.forEach(function (g) { t += linkAllreduce(link, g[0] * perParam, g[1]); });
@@ -1446,13 +1563,13 @@
   Planner.prototype.optimizerSeconds = function (params, L, experts) {
     var r = recipe(this.req.recipe), sharded = L.sharding !== "none";
     experts = experts || 0;
-    var share = (sharded ? params / L.dp : params) + (sharded ? experts / (L.dp / (L.ep || 1)) : experts);
+    var share = (sharded ? params / L.dp : params) + (sharded ? experts / edpSize(L) : experts);
     return share * (r.grad_bytes + 2 * r.optimizer_bytes + r.weight_bytes) / (this.req.gpu.hbm_tb_s * 1e12);
   };
 
   Planner.prototype.busiest = function (L) {
     var self = this, key = [L.schedule, L.p, L.v, numStages(L), L.balance, L.b, L.recompute, L.tp, L.ep || 1,
-                            L.cp || 1].join("|");
+                            L.cp || 1, L.etp || 1].join("|");
     return this.cached("busiest", key, function () {
       var sc = self.costsOf(L).costs;
       var split = SPLIT_BACKWARD.indexOf(L.schedule) >= 0, worst = -Infinity;
@@ -1532,7 +1649,8 @@
 
   // port of plan.runs_on
   Planner.prototype.runsOn = function (L, kind) {
-    var fw = DATA.export.frameworks[kind];
+    var fw = DATA.export.frameworks[kind], experts = expertsProblem(L, kind);
+    if (experts) return experts;
     if (fw.schedules.indexOf(L.schedule) < 0) return kind + " runs no " + L.schedule + " schedule";
     if (fw.shardings.indexOf(L.sharding) < 0) return kind + " has no " + L.sharding + " sharding";
     if (kind === "torchtitan" && this.req.overlap_f_b && L.schedule === "DualPipeV" && (L.ep || 1) > 1)
@@ -1546,6 +1664,8 @@
     if (kind === "megatron") {
       if (this.req.model.position === "alibi") return "Megatron-LM has no ALiBi position embedding";
       if (!(this.req.model.mlp in DATA.export.megatron_mlp)) return "Megatron-LM's command line has no " + this.req.model.mlp + " MLP";
+      var optimizer = this.req.optimizer || "adamw";
+      if (!(optimizer in DATA.export.megatron_optimizer)) return "Megatron-LM has no " + optimizer + " optimizer";
     }
     if (kind === "megatron" && L.p > 1) {
       if (L.balance === "ends" && numStages(L) > L.p)
@@ -1558,6 +1678,19 @@
     }
     return null;
   };
+
+  // port of plan.experts_problem: torchtitan 0.3.0 borrows ep from dp_shard x cp x tp and has no expert tensor parallelism
+  function expertsProblem(L, kind) {
+    var ep = L.ep || 1, etp = L.etp || 1, cp = L.cp || 1;
+    if (kind !== "torchtitan" || (ep === 1 && etp === 1)) return null;
+    if (ep > 1 && etp > 1) return "torchtitan 0.3.0 has no expert tensor parallelism beside expert parallelism (etp " + etp + "): use etp 1";
+    if (ep === 1 && etp !== 1 && etp !== L.tp) return "torchtitan 0.3.0 splits the experts over all tp " + L.tp + " GPUs or none (etp " + etp + ")";
+    var shard = L.sharding === "fsdp" ? L.dp : 1;
+    if ((shard * cp * L.tp) % ep)
+      return "torchtitan 0.3.0 borrows ep " + ep + " from dp_shard x cp x tp = " + shard * cp * L.tp +
+        " (its replicated data parallelism stays outside): use sharding fsdp or a smaller ep";
+    return null;
+  }
 
   // port of plan.torchtitan_args
   Planner.prototype.torchtitanArgs = function (L) {
@@ -1602,6 +1735,10 @@
     if (req.recipe !== "bf16")
       notes.push("torchtitan's FSDP keeps float32 master weights and reduces gradients in float32 (the bf16 recipe); " +
         "the planner counted --recipe " + req.recipe);
+    var precision = req.precision || "bf16", optimizer = req.optimizer || "adamw";
+    if (precision in ex.torchtitan_precision_notes) notes.push(ex.torchtitan_precision_notes[precision]);
+    if (optimizer !== "adamw")
+      notes.push("the planner counted the state of " + optimizer + "; the registry entry runs AdamW: set yours in it");
     return [args, notes];
   };
 
@@ -1633,8 +1770,10 @@
       if (m.q_lora_rank) args.push("--q-lora-rank " + m.q_lora_rank);
     }
     if (isMoe(m)) {
-      args.push("--num-experts " + m.experts, "--moe-router-topk " + m.top_k, "--moe-ffn-hidden-size " + m.expert_ffn,
-                "--moe-token-dispatcher-type alltoall", "--moe-grouped-gemm");
+      args.push("--num-experts " + m.experts, "--moe-router-topk " + m.top_k, "--moe-ffn-hidden-size " + m.expert_ffn);
+      args = args.concat(DATA.export.megatron_dispatcher[req.dispatcher || "alltoall"]);
+      args.push("--moe-grouped-gemm");
+      if (req.capacity_factor > 0) args.push("--moe-expert-capacity-factor " + String(req.capacity_factor));  // Python's :g for such values
       if (m.shared_experts) args.push("--moe-shared-expert-intermediate-size " + m.shared_experts * m.expert_ffn);
       if (m.dense_layers) args.push("--moe-layer-freq '([0]*" + m.dense_layers + "+[1]*" + (m.layers - m.dense_layers) + ")'");
       if (m.router_bias) args.push("--moe-router-enable-expert-bias");
@@ -1650,6 +1789,7 @@
     args.push("--tensor-model-parallel-size " + L.tp, "--pipeline-model-parallel-size " + L.p);
     if ((L.cp || 1) > 1) args.push("--context-parallel-size " + L.cp);
     if ((L.ep || 1) > 1) args.push("--expert-model-parallel-size " + L.ep);
+    if (isMoe(req.model)) args.push("--expert-tensor-parallel-size " + (L.etp || 1));
     if (numStages(L) > L.p) args.push("--num-virtual-stages-per-pipeline-rank " + numStages(L) / L.p);
     if (L.balance === "ends" && L.p > 1)
       args.push("--decoder-first-pipeline-num-layers " + layers[0], "--decoder-last-pipeline-num-layers " + layers[layers.length - 1]);
@@ -1661,8 +1801,9 @@
         (L.p > 1 ? "; check that your version runs it with pipeline parallelism" : ""));
     if (L.recompute === "full") args.push("--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1");
     if (req.kernels === "unfused") args.push("--attention-backend unfused");
-    args.push("--micro-batch-size " + L.b, "--global-batch-size " + req.global_batch, "--bf16",
-              "--train-iters <TRAIN_ITERS>", "--lr <LR>", "--lr-warmup-iters <WARMUP_ITERS>", "--eval-iters 0",
+    args.push("--micro-batch-size " + L.b, "--global-batch-size " + req.global_batch, "--bf16");
+    args = args.concat(ex.megatron_precision[req.precision || "bf16"], ex.megatron_optimizer[req.optimizer || "adamw"]);
+    args.push("--train-iters <TRAIN_ITERS>", "--lr <LR>", "--lr-warmup-iters <WARMUP_ITERS>", "--eval-iters 0",
               "--data-path <DATA_PREFIX>", "--tokenizer-type HuggingFaceTokenizer", "--tokenizer-model <TOKENIZER>",
               "--save <CHECKPOINT_DIR>", "--load <CHECKPOINT_DIR>", "--save-interval <SAVE_INTERVAL>");
     var step = ex.megatron_vocab_divisor * L.tp, padded = Math.ceil(req.model.vocab / step) * step;
