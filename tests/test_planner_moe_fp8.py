@@ -210,7 +210,7 @@ def test_fp8_memory_each_recipe_keeps():
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--precision", "fp8", "--fp8-recipe", "mxfp8"], "does not run on Hopper"),
+    (["--precision", "fp8", "--fp8-recipe", "mxfp8"], "--fp8-recipe mxfp8 does not run on Hopper"),
     (["--precision", "fp8", "--gpu", "a100-80gb"], "no FP8 GEMM measurement on the a100-80gb"),
     (["--precision", "fp8", "--recipe", "fp32"], "use --recipe bf16 or bf16-grads"),
     (["--optimizer", "lion"], "invalid choice: 'lion'"),

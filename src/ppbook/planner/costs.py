@@ -309,12 +309,12 @@ def precision_problem(precision: str, gpu_name: str) -> str | None:
         return None
     family = fp8_family(gpu_name)
     if family is None:
-        return (f"--precision {precision}: the planner has no FP8 GEMM measurement on the {gpu_name} (it times FP8 on "
-                f"Hopper and Blackwell GPUs: {', '.join(FP8_FAMILY)}); use bf16")
+        return (f"--precision fp8 (recipe {precision}): the planner has no FP8 GEMM measurement on the {gpu_name} (it "
+                f"times FP8 on Hopper and Blackwell GPUs: {', '.join(FP8_FAMILY)}); use bf16")
     if precision not in FP8_GEMM_MS[family]:
         runs = [p for p in FP8_GEMM_MS[family] if p != "bf16"]
-        return (f"--precision {precision} does not run on {family.capitalize()} ({gpu_name}) as measured: use one of "
-                f"{', '.join(runs)}" + (" (MXFP8 needs Blackwell's tensor cores)" if precision == "mxfp8" else ""))
+        return (f"--fp8-recipe {precision} does not run on {family.capitalize()} ({gpu_name}) as measured: use "
+                f"--fp8-recipe {' or '.join(runs)}" + (" (MXFP8 needs Blackwell's tensor cores)" if precision == "mxfp8" else ""))
     return None
 
 
