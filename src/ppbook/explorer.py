@@ -72,7 +72,7 @@ def planner_data() -> dict:
         # with the lines the command line prints about it
         "calibration": calibration_data(),
         "thin_margin": calibration.THIN_MARGIN,
-        "multiples": list(_plan().MULTIPLES),
+        "multiples": list(search.MULTIPLES),
     }
 
 
@@ -90,12 +90,6 @@ def calibration_data() -> dict:
                 bands.append(entry)
             family[fw][gpu or "other"] = bands.index(entry)
     return {"bands": bands, "family": family}
-
-
-def _plan():
-    from ppbook import plan  # the command line's module, whose answer the page ports
-
-    return plan
 
 
 def script(name: str) -> str:

@@ -710,7 +710,6 @@ def _sum_line(name: str, terms: dict[str, float], k: float) -> str:
     return f"  {name:<12} {parts} = {k * sum(terms.values()):.1f} s"
 
 
-MULTIPLES = (1 / 16, 1 / 8, 1 / 4, 1 / 2, 1, 2, 4, 8, 16, 32)  # the batches pipeline_pays asks about, x this one
 
 
 @dataclass
@@ -727,7 +726,7 @@ class PipelinePays:
       recomputation its lighter GPUs avoid) outweighs its bubble and hand-offs, which the batch
       decides: at a small batch per GPU, traffic that too little computation hides; at a large one,
       a bubble that stays as the step grows. ``scan`` asks it: the same two layouts (the best of
-      each kind here) at other multiples of this global batch (:data:`MULTIPLES`; their microbatch
+      each kind here) at other multiples of this global batch (:data:`ppbook.planner.search.MULTIPLES`; their microbatch
       size kept, the microbatches scaled), each step time predicted with whether it fits there
       (:func:`at_batch`), ``None`` where the layout cannot run at that batch.
     """
@@ -781,7 +780,7 @@ def pipeline_pays(req: search.Request, ranked: list[search.Prediction] | None = 
     splits = any(search.constraint_problem(c, flat) is None for c in search.candidates(flat))
     widest = max(search.tensor_parallel_sizes(req), default=1) * max(req.cps or (1,))
     scan = [] if without is None or with_ is None else \
-        [(k, at_batch(without, req, k), at_batch(with_, req, k)) for k in MULTIPLES]
+        [(k, at_batch(without, req, k), at_batch(with_, req, k)) for k in search.MULTIPLES]
     return PipelinePays(req, without, with_, splits, req.global_batch * widest, scan)
 
 
@@ -790,7 +789,7 @@ def _multiple(k: float) -> str:
 
 
 def _ranges(ks: list[float]) -> str:
-    """'1/16 to 2 times' from consecutive multiples (of :data:`MULTIPLES`)."""
+    """'1/16 to 2 times' from consecutive multiples (of :data:`ppbook.planner.search.MULTIPLES`)."""
     return f"{_multiple(ks[0])}" + (f" to {_multiple(ks[-1])}" if len(ks) > 1 else "") + " times"
 
 

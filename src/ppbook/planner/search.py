@@ -1070,6 +1070,8 @@ def _busiest(req: Request, schedule: str, p: int, v: int, num_stages: int, balan
 
 
 SLACK = 0.05  # the search lists the layouts within this fraction of the winner's step time
+# the global batches ppbook.plan.pipeline_pays asks about, as multiples of the request's (the page ports it)
+MULTIPLES = (1 / 16, 1 / 8, 1 / 4, 1 / 2, 1, 2, 4, 8, 16, 32)
 
 
 def request_defaults() -> dict:
