@@ -129,13 +129,39 @@ def test_the_scripts_plumbing_does_not_pull_in_the_simulator():
     assert "simulate" in reachable(graph, "fit")  # the check can see it where it is
 
 
-def test_the_teaching_package_imports_the_build_plumbing_only_where_a_server_runs():
-    """``ppbook_tools`` (the launch server) is the build's and the tests' plumbing: of the teaching
-    package only ``launch`` imports it, lazily, when a server's socket is named; and the plumbing
-    builds on the package, never the other way round."""
-    importers = {path.relative_to(PACKAGE).as_posix() for path in PACKAGE.rglob("*.py")
-                 if "ppbook_tools" in path.read_text()}
-    assert importers == {"launch.py"}, importers
-    tree = ast.parse((PACKAGE / "launch.py").read_text())
-    top_level = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
-    assert not any("ppbook_tools" in ast.dump(n) for n in top_level)  # imported inside the hook only
+PLUMBING = ("ppbook_tools", "tools")  # the build's and the tests' packages beside the teaching package
+
+
+def plumbing_imports(source: str) -> list[str]:
+    """Every import of the plumbing anywhere in ``source``: at module level, inside any function or
+    class body (a lazy import is still an import), and through ``importlib.import_module`` or
+    ``__import__`` of a literal name; as ``line: module``."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+            func = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+            if func in ("import_module", "__import__") and isinstance(node.args[0].value, str):
+                names = [node.args[0].value]
+        found += [f"{node.lineno}: {name}" for name in names if name.split(".")[0] in PLUMBING]
+    return found
+
+
+def test_the_teaching_package_never_imports_the_plumbing():
+    """The launch server plugs itself into ``ppbook.launch`` (``use_forker``); no module of the
+    teaching package imports ``ppbook_tools`` or ``tools``, lazily or not (issue 53)."""
+    found = {path.relative_to(PACKAGE).as_posix(): plumbing_imports(path.read_text())
+             for path in sorted(PACKAGE.rglob("*.py"))}
+    assert {path: lines for path, lines in found.items() if lines} == {}
+
+
+def test_the_plumbing_check_sees_lazy_and_dynamic_imports():
+    source = ("import os\nfrom ppbook import launch\n\n"
+              "def hook():\n    from ppbook_tools import zygote\n    return zygote\n\n"
+              "class A:\n    def f(self):\n        import ppbook_tools.zygote\n"
+              "        return importlib.import_module('ppbook_tools.zygote')\n")
+    assert plumbing_imports(source) == ["5: ppbook_tools", "10: ppbook_tools.zygote", "11: ppbook_tools.zygote"]
