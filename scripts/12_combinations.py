@@ -60,7 +60,8 @@ from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInpu
 from torch.utils._python_dispatch import TorchDispatchMode
 from tqdm import tqdm
 
-from ppbook import cli, data, fsdp_probe, kernels, measure, precision, recompute, simulate, timeline, training, workload
+from ppbook import cli, data, fsdp_probe, kernels, measure, precision, recompute, timeline, torch_orders, training, workload
+from ppbook.planner import simulate
 from ppbook.packing import document_mask  # (B, T) document ids -> (B, 1, T, T), chapter 15
 from ppbook.dist import gather_to_rank0, pick_device, schedule_backend_problem
 from ppbook.models import LlamaConfig, RMSNorm, build_model
@@ -584,7 +585,7 @@ def kept_model(name, stages: dict, shape, tokens: int, dtype_bytes: int, kernels
     policies (``stages``: index -> {"mode", "blocks"}). Per microbatch a stage keeps
     ``planner.memory.stage_activation_bytes``, plus the generator state of each checkpointed block
     (``recompute.RNG_STATE_BYTES``). ``stage_model_bytes``: that, times the most microbatches the
-    stage holds at once (the schedule's order, ``ppbook.simulate``). ``rank_model_bytes``: the
+    stage holds at once (the schedule's order, ``ppbook.planner.simulate``). ``rank_model_bytes``: the
     planner's count for a rank at its peak, which for the schedules that split the backward adds
     what each block keeps after its microbatch's weight pass until the step ends
     (``planner.memory.block_residual_values``, counted per stage by the planner's search)."""
@@ -597,7 +598,7 @@ def kept_model(name, stages: dict, shape, tokens: int, dtype_bytes: int, kernels
         return planner_memory.stage_activation_bytes(shape, layers, tokens, i == 0, i == num_stages - 1, dtype_bytes,
                                                      kernels_name, st["mode"]) + rng
 
-    held = simulate.peak_in_flight(simulate.torch_order(name, pp, m, v))
+    held = simulate.peak_in_flight(torch_orders.torch_order(name, pp, m, v))
     residual = planner_memory.values_bytes(planner_memory.block_residual_values(shape), tokens, dtype_bytes)
     ranks = planner_search.rank_saved_bytes(name, pp, m, v, {i: per_mb(i) for i in stages},
                                             {i: residual * len(stages[i]["blocks"]) for i in stages})
@@ -684,7 +685,7 @@ def predicted(name, mods, indices, pp_rank, pp, m, reshard) -> dict:
     # the same count with every group weighing one: how many all-gathers
     count = planner_search._fsdp_gathered_per_step(name, pp, m, v, pp_rank, reshard,
                                                    tuple((i, n, 1 if root else 0, n) for i, _, root, n in groups))
-    order = [(a.stage, a.kind) for a in simulate.torch_order(name, pp, m, v)[pp_rank]]
+    order = [(a.stage, a.kind) for a in torch_orders.torch_order(name, pp, m, v)[pp_rank]]
     no_window = sum(n * fsdp_gathers([k for s, k in order if s == i], reshard) + (1 if root else 0)
                     for i, _, root, n in groups)
     return {"planner_gathers": round(count), "planner_gathered_bytes": nbytes, "no_window_gathers": no_window}

@@ -15,8 +15,8 @@ import pytest
 import torch
 from conftest import assert_one_line_error, refusal
 
-from ppbook import data, launch, precision, simulate
-from ppbook.fsdp_window import StageGroups, fsdp_step, with_unshard_window
+from ppbook import data, launch, precision, torch_orders
+from ppbook.planner.fsdp_window import StageGroups, fsdp_step, with_unshard_window
 from ppbook.planner.memory import layer_activation_bytes
 from ppbook.planner.shapes import ModelShape
 from ppbook.planner.traffic import fsdp_gathers
@@ -324,7 +324,7 @@ def test_the_unshard_window_is_torchs(name, p, m, v):
 @pytest.mark.parametrize("v", [2, 3])
 @pytest.mark.parametrize("reshard", [True, False])
 def test_up_to_three_stages_per_rank_the_window_changes_no_count(v, reshard):
-    order = simulate.torch_order("Interleaved1F1B", 2, 4, v)
+    order = torch_orders.torch_order("Interleaved1F1B", 2, 4, v)
     for acts in order.values():
         actions = [(a.stage, a.kind) for a in acts]
         groups = {s: StageGroups((10, 10), root=5 if s == 0 else 0) for s, _ in actions}
@@ -335,7 +335,7 @@ def test_up_to_three_stages_per_rank_the_window_changes_no_count(v, reshard):
 
 
 def test_four_stages_per_rank_are_gathered_again():
-    actions = [(a.stage, a.kind) for a in simulate.torch_order("Interleaved1F1B", 2, 4, 4)[0]]
+    actions = [(a.stage, a.kind) for a in torch_orders.torch_order("Interleaved1F1B", 2, 4, 4)[0]]
     groups = {s: StageGroups((10,)) for s, _ in actions}
     windowed = fsdp_step(actions, groups, False, window=True)
     assert windowed.all_gathers > fsdp_step(actions, groups, False, window=False).all_gathers == 4
