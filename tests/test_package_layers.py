@@ -31,6 +31,8 @@ LAYERS: list[tuple[str, list[str]]] = [
      "the planner page, the book's models' memory in bytes per schedule, the simulator taught the all-to-all "
      "and overlapped pairs, chapter 5's schedule guide",
      ["cli", "fit", "explorer", "model_memory", "overlap", "guide"]),
+    ("on the scripts' command line: chapter 12's pipeline combined with another tool, run and checked against "
+     "one process", ["combined"]),
     ("top: the planner", ["plan"]),
 ]
 

@@ -33,6 +33,8 @@ simulate``); no module here shares a name with one of the planner's (``tests/tes
 * :mod:`ppbook.fsdp_probe` -- FSDP2's all-gathers and gathered bytes during a pipeline step (chapter 9)
 * :mod:`ppbook.recompute` -- activation checkpointing per block, the bytes a forward keeps (chapter 12)
 * :mod:`ppbook.kernels` -- the Llama block with fused kernels, as the planner counts it (chapter 12)
+* :mod:`ppbook.combined` -- what chapter 12's scripts share: one model, its one-process reference, a rank's
+  stages and schedule, a timed step, the record (chapter 12)
 * :mod:`ppbook.planner` -- the torch-free planner: schedules' orders (``schedules``), the data flow
   (``dataflow``, chapter 2) and the simulator (``simulate``, chapters 2, 3, 5), model shapes, GPUs and
   links, memory by sharding (``memory``), traffic, FSDP's all-gathers (``fsdp_window``, chapter 12),
