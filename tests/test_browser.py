@@ -287,7 +287,11 @@ def test_the_planner_page_answers_as_the_command_line(site, tmp_path):
     kinds = {e[2] for e in pasted["events"]}
     assert {label.split()[0] for label in pasted["legend"][:len(kinds)]} == kinds
     assert ("hand-off between ranks" in pasted["legend"]) == (pasted["handoffs"] > 0)
-    assert pasted["legend"][-1] == "idle (the bubble)"
+    assert pasted["legend"][-1] == ("idle (the bubble)" if pasted["layout"]["p"] > 1 else "idle")
+    # the answer as the command line prints it, and a timeline whose axis covers the whole step
+    shown = planner_page.answer(page)
+    assert shown["winner_reason"] == cli["winner_reason"] and shown["why_lines"] == cli["why"]
+    assert shown["axis"] >= shown["step"] * (1 - 1e-12)
 
     moved = change_each_control(page, tmp_path, args)  # a reader changes the layout, part by part
     assert {"tp", "p", "schedule", "v", "m", "sharding", "recompute"} <= set(moved), moved
@@ -313,6 +317,29 @@ def test_the_planner_page_answers_as_the_command_line(site, tmp_path):
                            timeout=planner_page.WAIT_MS)
     assert "not a whole number of nodes" in page.inner_text("#ppx-error")
     assert page.locator("#ppx-table tr").count() == 0
+    assert not real_missing(missing) and not real_errors(errors), (missing, errors)
+    page.close()
+
+
+def test_the_planner_page_keeps_the_reader_on_the_planner(site):
+    """What the page says it leaves out is one list, true of the model (context parallelism is
+    modelled, not left out); the maintainer's account of how the page is built and the static
+    screenshot come last, each in a collapsed block."""
+    page, errors, missing = visit(site, "book/explorer.html")
+    left = page.inner_text("section#what-it-leaves-out")
+    assert "float8" in left and "Context and expert parallelism are modelled" in left
+    assert "leaves out what that model leaves out" in left
+    blocks = page.eval_on_selector_all("section#what-it-leaves-out ~ *, section#what-it-leaves-out .admonition",
+                                       "es => es.map(e => e.className)")
+    dropdowns = page.eval_on_selector_all(".admonition.dropdown", "es => es.map(e => e.innerText.split('\\n')[0])")
+    assert any("How this page is built" in d for d in dropdowns) and any("A picture of this page" in d for d in dropdowns)
+    # both come after the planner and after the list of what it leaves out
+    order = page.evaluate("""() => {
+        const planner = document.getElementById('ppx'), left = document.getElementById('what-it-leaves-out');
+        const shot = document.getElementById('planner-screenshot');
+        const after = (a, b) => !!(a.compareDocumentPosition(b) & Node.DOCUMENT_POSITION_FOLLOWING);
+        return [after(planner, left), after(left, shot)]; }""")
+    assert order == [True, True], (order, blocks)
     assert not real_missing(missing) and not real_errors(errors), (missing, errors)
     page.close()
 

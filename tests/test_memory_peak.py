@@ -273,7 +273,9 @@ def test_06_train_peaks_where_the_count_says_on_the_cpu(schedule, m):
     llama = LlamaConfig(vocab_size=cfg["vocab"], dim=cfg["dim"], n_layers=cfg["layers"], n_heads=cfg["heads"],
                         n_kv_heads=cfg["kv"], ffn_hidden_dim=-(-8 * cfg["dim"] // 3 // 16) * 16,
                         max_seq_len=cfg["seq"])
-    want = model_memory.predict_peak(llama, SCHEDULES[schedule], m, cfg["batch"] // m, cfg["seq"], "autocast", "cpu")
+    want = model_memory.predict_peak(llama, SCHEDULES[schedule], m, cfg["batch"] // m, cfg["seq"], "master", "cpu")
     assert want.moment != "optimizer step"
     assert peaks["passes"][1] == peaks["passes"][2] == want.total, want.parts
+    # 06_train keeps its Linear weights' bf16 copies (precision.MasterWeights) through the optimizer step
     assert peaks["between"][1] == want.moments["optimizer step"]
+    assert model_memory.predict_train_peak(argv, device="cpu").moments == want.moments  # the script as it trains now

@@ -21,7 +21,7 @@ def rows() -> dict[str, published.Comparison]:
 
 
 def test_every_row_is_sourced_and_its_framework_known():
-    for row in DATA["runs"] + DATA["moe_runs"]:
+    for row in DATA["runs"] + DATA["moe_runs"] + DATA["fp8_runs"]:
         assert row["source"] and row["quote"] and row["cite"], row["id"]
         fw = DATA["frameworks"][row["framework"]]
         assert fw["stage_io"] in memory.STAGE_IO and fw.get("fsdp_reshard", "default") in memory.FSDP_RESHARD

@@ -103,13 +103,13 @@ def predicted_peak(args) -> dict:
     float32 masters, AdamW's moments and gradients, the bf16 weight copies, each microbatch in
     flight's activations under autocast, the logits, the loss's float32 terms, cuBLAS's workspaces,
     the allocator's rounding). 06_train trains under autocast with bf16 copies of its Linear
-    weights (``precision.MasterWeights``), which the ``autocast`` arrangement counts: one bf16 copy
-    of each weight through the step and the activations autocast saves. ``total`` bytes, its
-    named ``parts`` and the ``moment`` of the step where the peak falls."""
+    weights (``precision.MasterWeights``), which the ``master`` arrangement counts: one bf16 copy
+    of each weight through the step and the optimizer's, and the activations autocast saves. ``total`` bytes, its
+    named ``parts``, the ``moment`` of the step where the peak falls and the microbatches ``in_flight`` then."""
     cfg = train_script().llama_config(args)
     peak = model_memory.predict_peak(cfg, SCHEDULE_NAMES[args.schedule], args.microbatches,
-                               args.batch_size // args.microbatches, args.seq_len, weight_casts="autocast")
-    return {"total": peak.total, "parts": dict(peak.parts), "moment": peak.moment}
+                                     args.batch_size // args.microbatches, args.seq_len, weight_casts="master")
+    return {"total": peak.total, "parts": dict(peak.parts), "moment": peak.moment, "in_flight": peak.in_flight}
 
 
 def meta(device: torch.device, **extra) -> dict:

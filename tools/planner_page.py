@@ -12,10 +12,10 @@ WAIT_MS = 120_000  # a plan takes under a second in Chromium; generous for a loa
 
 def request(page, model: str | None = None, config: str | None = None, gpu: str = "h100-sxm", gpus: int = 8,
             gpus_per_node: int = 8, global_batch: int = 64, seq_len: int = 4096, intra: str | None = None,
-            inter: str | None = None) -> None:
+            inter: str | None = None, framework: str | None = None) -> None:
     """Enter a request: a preset ``model`` or the text of a ``config`` (config.json), a GPU preset,
-    the links within and between nodes (presets; left alone where not given), and wait until the
-    page has planned exactly it."""
+    the links within and between nodes (presets; left alone where not given), the framework that
+    calibrates the times (left alone where not given), and wait until the page has planned exactly it."""
     if config is not None:
         page.select_option("#ppx-model", "config.json")
         page.fill("#ppx-config", config)
@@ -26,12 +26,14 @@ def request(page, model: str | None = None, config: str | None = None, gpu: str 
     for side, link in (("intra", intra), ("inter", inter)):
         if link is not None and page.input_value(f"#ppx-{side}") != link:
             page.select_option(f"#ppx-{side}", link)
+    if framework is not None and page.input_value("#ppx-framework") != framework:
+        page.select_option("#ppx-framework", framework)
     for field, value in (("gpus", gpus), ("gpus-per-node", gpus_per_node), ("global-batch", global_batch),
                          ("seq-len", seq_len)):
         page.fill(f"#ppx-{field}", str(value))
     name = model if config is None else "config.json"
     # the page's key of what it planned last; a link not given may be anything
-    expected = [name, gpu, gpus, gpus_per_node, global_batch, seq_len, intra, inter]
+    expected = [name, gpu, gpus, gpus_per_node, global_batch, seq_len, intra, inter, framework]
     page.wait_for_function("""want => {
         const got = JSON.parse(document.getElementById('ppx').dataset.request || 'null');
         return got !== null && want.every((x, i) => x === null || x === got[i]); }""", arg=expected, timeout=WAIT_MS)
@@ -69,6 +71,22 @@ def selected(page) -> dict:
                 bars: $('ppx-memory').querySelectorAll('rect[class^=ppx-]').length,
                 rects: $('ppx-timeline').querySelectorAll('rect.ppx-action').length,
                 legend: JSON.parse($('ppx-timeline').dataset.legend || '[]')}; }""")
+
+
+def answer(page) -> dict:
+    """What the page answers above the layout: the calibration and caution lines, the summary, the
+    answer (the tie, the winner, the margin) and the why-lines, as text, and the answer and why-lines
+    as the port computed them (the command line's JSON has the same)."""
+    return page.evaluate("""() => {
+        const $ = id => document.getElementById(id), root = $('ppx');
+        return {calibration: $('ppx-calibration').textContent, caution: $('ppx-caution').textContent,
+                summary: $('ppx-summary').textContent, answer: $('ppx-answer').innerText, why: $('ppx-why').innerText,
+                winner_reason: JSON.parse(root.dataset.answer || 'null'), why_lines: JSON.parse(root.dataset.why || 'null'),
+                dropped: $('ppx-dropped').textContent,
+                tied: [...document.querySelectorAll('#ppx-table tbody tr')].map(r => r.dataset.tied === '1'),
+                cells: [...document.querySelectorAll('#ppx-table tbody tr')].map(r => [...r.children].map(td => td.textContent)),
+                head: [...document.querySelectorAll('#ppx-table thead th')].map(th => th.textContent),
+                axis: Number($('ppx-timeline').dataset.axis), step: Number($('ppx-timeline').dataset.step)}; }""")
 
 
 def options(page, control: str) -> list[str]:

@@ -53,17 +53,12 @@
   const gb = (x) => (x / GB).toFixed(1);
   const pct = (x) => (100 * x).toFixed(1) + "%";
   function seconds(x) { return x >= 1 ? x.toFixed(2) + " s" : (1e3 * x).toFixed(x >= 0.01 ? 1 : 2) + " ms"; }
-  // the band of chapter 10 (ppbook.planner.calibration): the model's times corrected by the published runs
-  function band(req) {
-    const c = data.calibration, family = c.family[req.gpu.name];
-    return c.bands[family] || c.bands[c.pooled];
-  }
-  const sig = (x) => String(Number(x.toPrecision(2)));
+  // the band of chapter 10 (ppbook.planner.calibration), as the command line picks it: the planner's port
+  const sig = P.sig;
   function stepText(stepS, b) {
     const centre = stepS * b.factor;
-    return (centre >= 1 ? sig(centre) + " s" : sig(1e3 * centre) + " ms") + " per step (" +
-      (centre >= 1 ? sig(centre * (1 + b.low)) + " to " + sig(centre * (1 + b.high)) + " s)"
-        : sig(1e3 * centre * (1 + b.low)) + " to " + sig(1e3 * centre * (1 + b.high)) + " ms)");
+    if (centre >= 1) return P.stepText(stepS, b);
+    return sig(1e3 * centre) + " ms per step (" + sig(1e3 * centre * (1 + b.low)) + " to " + sig(1e3 * centre * (1 + b.high)) + " ms)";
   }
 
   // --- the page's structure -------------------------------------------------------------------
@@ -84,6 +79,9 @@
   const interSelect = options(dropdown("ppx-inter"), linkNames, null, data.gpus[data.request.gpu].network);
   const recipeSelect = options(dropdown("ppx-recipe"), data.choices.recipe, null, data.request_defaults.recipe);
   const kernelsSelect = options(dropdown("ppx-kernels"), data.choices.kernels, null, data.request_defaults.kernels);
+  const frameworkSelect = options(dropdown("ppx-framework"), Object.keys(data.calibration.family),
+                                  Object.keys(data.calibration.family).map((k) => k === "megatron" ? "Megatron-LM" : k),
+                                  data.request_defaults.framework);
 
   const planSection = h("section", {id: "ppx-plan"}, [
     h("fieldset", {}, [h("legend", {text: "Model"}), field("model", modelSelect), configBox,
@@ -101,7 +99,8 @@
       field("GPUs per node", number("ppx-gpus-per-node", {min: 1, step: 1, value: data.request.gpus_per_node})),
       field("global batch", number("ppx-global-batch", {min: 1, step: 1, value: data.request.global_batch}), "sequences"),
       field("sequence length", number("ppx-seq-len", {min: 1, step: 1, value: data.request.seq_len}), "tokens"),
-      field("precision", recipeSelect), field("kernels", kernelsSelect), h("br"),
+      field("precision", recipeSelect), field("kernels", kernelsSelect),
+      field("framework you will run", frameworkSelect), h("br"),
       field("pin v", h("input", {type: "text", id: "ppx-pin-v", class: "ppx-pin", placeholder: "any",
                                  title: "stages per rank to try, as --v: e.g. 5 12 (the looped schedules take each)"})),
       field("pin dp", h("input", {type: "text", id: "ppx-pin-dp", class: "ppx-pin", placeholder: "any",
@@ -111,8 +110,14 @@
                                                    "split over cp GPUs; none unless given)"}))]),
     h("p", {id: "ppx-error", class: "ppx-error", role: "alert"}),
     h("p", {id: "ppx-header", class: "ppx-note"}),
+    h("p", {id: "ppx-calibration", class: "ppx-note"}),
+    h("p", {id: "ppx-caution", class: "ppx-note ppx-caution"}),
     h("div", {class: "ppx-table-wrap"}, [h("table", {id: "ppx-table", class: "ppx-table"})]),
     h("p", {id: "ppx-summary", class: "ppx-note"}),
+    h("div", {id: "ppx-answer", class: "ppx-answer"}),
+    h("div", {id: "ppx-why", class: "ppx-why"}),
+    h("details", {id: "ppx-dropped-box"}, [h("summary", {text: "Why the other layouts were dropped (as --why prints it)"}),
+      h("pre", {id: "ppx-dropped", class: "ppx-why-lines"})]),
     h("fieldset", {id: "ppx-layout"}, [h("legend", {text: "The selected layout (change any part)"}),
       field("tp", dropdown("ppx-tp")), field("cp", dropdown("ppx-cp")), field("p", dropdown("ppx-p")), field("schedule", dropdown("ppx-schedule")),
       field("v", dropdown("ppx-v")), field("m", dropdown("ppx-m")), field("ep", dropdown("ppx-ep")),
@@ -197,7 +202,7 @@
       global_batch: positive("ppx-global-batch", "global batch", true), seq_len: positive("ppx-seq-len", "sequence length", true),
       intra: link("intra"), inter: link("inter"), recipe: recipeSelect.value, kernels: kernelsSelect.value,
       vs: P.pins($("ppx-pin-v").value, "--v"), dps: P.pins($("ppx-pin-dp").value, "--dp"),
-      cps: P.pins($("ppx-pin-cp").value, "--cp")};
+      cps: P.pins($("ppx-pin-cp").value, "--cp"), framework: frameworkSelect.value};
     if (req.gpus > req.gpus_per_node && req.gpus % req.gpus_per_node)
       throw new Error(req.gpus + " GPUs is not a whole number of nodes of " + req.gpus_per_node +
                       "; use a multiple of " + req.gpus_per_node + " (or change GPUs per node)");
@@ -218,8 +223,9 @@
     } catch (e) {
       planner = null;
       $("ppx-error").textContent = e.message;
-      for (const id of ["ppx-header", "ppx-summary", "ppx-layout-stats"]) $(id).textContent = "";
-      for (const id of ["ppx-table", "ppx-memory", "ppx-timeline"]) $(id).replaceChildren();
+      for (const id of ["ppx-header", "ppx-calibration", "ppx-caution", "ppx-summary", "ppx-layout-stats", "ppx-dropped"])
+        $(id).textContent = "";
+      for (const id of ["ppx-table", "ppx-memory", "ppx-timeline", "ppx-answer", "ppx-why"]) $(id).replaceChildren();
       root.dataset.plans = String(Number(root.dataset.plans) + 1);
       return;
     }
@@ -227,22 +233,44 @@
     $("ppx-model-line").textContent = m.name + ": " + (P.totalParameters(m) / 1e9).toFixed(2) + "B parameters" +
       (m.experts ? " (" + (P.activeParameters(m) / 1e9).toFixed(1) + "B active)" : "") + ", " + m.layers +
       " layers, hidden " + m.hidden;
-    const result = planner.plan();
+    // every layout within the winner's band is ranked: the search reaches the top of the band (plan.tie_slack)
+    const result = planner.plan(planner.tieSlack());
     ranked = result.ranked;
     root.dataset.request = JSON.stringify([m.name, req.gpu.name, req.gpus, req.gpus_per_node, req.global_batch, req.seq_len,
-                                           req.intra.name, req.inter.name]);
+                                           req.intra.name, req.inter.name, req.framework]);
     $("ppx-header").textContent = req.gpus + " × " + req.gpu.name + " (" + fmt(req.gpu.memory_gb) + " GB, " +
       fmt(req.gpu.bf16_tflops) + " TFLOP/s bf16), " + req.gpus_per_node + " per node; links " + req.intra.name + " / " +
       req.inter.name + "; batch " + req.global_batch + " × " + req.seq_len + " tokens; usable memory " +
       gb(P.usableBytes(req)) + " GB per GPU";
+    const b = planner.band();
+    $("ppx-calibration").textContent = "Times printed: " + b.describe + ".";
+    $("ppx-caution").textContent = b.cautions.join(" ");
     table(ranked);
+    const answer = $("ppx-answer"), why = $("ppx-why");
+    answer.replaceChildren(); why.replaceChildren();
     if (ranked.length) {
+      const estimated = ranked.filter((o) => o.estimated).length;
       $("ppx-summary").textContent = ranked.length + " layouts ranked, " + result.dropped.length + " dropped (they do " +
         "not fit, or a schedule refuses their microbatch count); the others cannot come within " +
-        Math.round(100 * data.slack) + "% of the winner. " + bandNote(req) + thinNote(req) +
-        "Click a row, or change the layout below.";
+        Math.round(100 * planner.tieSlack()) + "% of the winner, the top of its band. Pass times: " +
+        (estimated === 0 ? "measured on this GPU for every ranked layout" : estimated === ranked.length ?
+          "estimated from FLOPs for every ranked layout" : "estimated from FLOPs for " + estimated + " of the " +
+          ranked.length + " ranked layouts (the passes column), measured on this GPU for the others") +
+        ". Click a row, or change the layout below.";
+      // the answer as the command line prints it: the tie first where there is one, the winner, the margin
+      planner.whyWinner(ranked).split("\n").forEach((line, i) =>
+        answer.appendChild(h("p", {class: i === 0 && line.startsWith("a tie") ? "ppx-tie" : "ppx-line", text: line})));
+      const lines = planner.whyLines(ranked);
+      why.appendChild(h("p", {class: "ppx-note", text: "Why this layout (as python -m ppbook.plan prints it):"}));
+      why.appendChild(h("pre", {class: "ppx-why-lines", text: lines.join("\n")}));
+      $("ppx-dropped").textContent = P.dropSummary(result.dropped).join("\n");
+      root.dataset.answer = JSON.stringify(planner.whyWinner(ranked));
+      root.dataset.why = JSON.stringify(lines);
+      $("ppx-export-kind").value = req.framework;
       choose(ranked[0].layout);
     } else {
+      delete root.dataset.answer; delete root.dataset.why;
+      $("ppx-dropped").textContent = P.dropSummary(result.dropped).join("\n");
       const closest = planner.closest(result.dropped);
       $("ppx-summary").textContent = "No layout fits: " + (closest ? "the closest, " + closest.label + ", needs " +
         gb(closest.peak_bytes) + " GB on its fullest GPU of " + gb(P.usableBytes(req)) + " usable; use more GPUs, " +
@@ -260,38 +288,25 @@
     catch (e) { box.textContent = e.message; }
   }
 
-  function bandNote(req) {
-    const b = band(req);
-    return "Times are the model's corrected by " + b.runs + " published runs (" + b.family + ": ÷ " +
-      b.factor.toFixed(2) + "), within " + Math.round(100 * b.low) + "% to +" + Math.round(100 * b.high) +
-      "% on the record (chapter 10); the winner: " + stepText(ranked[0].step_s, b) + ". ";
-  }
-  function thinNote(req) {
-    const win = ranked[0], usable = P.usableBytes(req);
-    if (win.peak_bytes <= usable * (1 - data.calibration.thin_margin)) return "";
-    const roomy = ranked.find((o) => o.peak_bytes <= usable * (1 - data.calibration.thin_margin));
-    return "Thin margin: the winner leaves " + (100 * (1 - win.peak_bytes / usable)).toFixed(1) + "% of the usable " +
-      "memory free" + (roomy ? "; the fastest layout with a comfortable margin is " + roomy.label + ". " : ". ");
-  }
-
   function table(rows) {
     const experts = rows.slice(0, TOP).some((o) => (o.layout.ep || 1) > 1);  // an ep column where it is used
     const context = rows.slice(0, TOP).some((o) => (o.layout.cp || 1) > 1);  // a cp column where it is used
     // narrow enough for the theme's content column: long headers on two lines, soft hyphens where
     // more is needed, and a long schedule's name may break between its words; numbers never do
     const head = ["", "tp"].concat(context ? ["cp"] : []).concat(["pp", "v", "dp"]).concat(experts ? ["ep"] : []).concat(["shard\u00ading", "sched\u00adule", "b",
-      "m", "re\u00adcompute", "step", "tokens/s\nper GPU", "MFU", "bubble", "GB\nper GPU"]);
+      "m", "re\u00adcompute", "step", "tokens/s\nper GPU", "MFU", "bubble", "GB\nper GPU", "passes"]);
     const t = $("ppx-table");
     t.replaceChildren(h("thead", {}, [h("tr", {}, head.map((x) => h("th", {text: x})))]));
-    const body = h("tbody"), b = band(planner.req);
+    const body = h("tbody"), b = planner.band(), tied = planner.tie(rows).length;
     rows.slice(0, TOP).forEach((o, i) => {
-      const L = o.layout;
-      const cells = [i + 1, L.tp].concat(context ? [L.cp] : []).concat([L.p, L.v, L.dp]).concat(experts ? [L.ep] : []).concat([L.sharding, L.schedule, L.b, L.m,
+      const L = o.layout, inTie = tied > 1 && i < tied;
+      const cells = [(i + 1) + (inTie ? "*" : ""), L.tp].concat(context ? [L.cp] : []).concat([L.p, L.v, L.dp]).concat(experts ? [(L.ep || 1) + ((L.etp || 1) > 1 ? " etp " + L.etp : "")] : []).concat([L.sharding, L.schedule, L.b, L.m,
         L.recompute, seconds(o.step_s * b.factor),
-        Math.round(o.tokens_per_s_per_gpu / b.factor), Math.round(100 * o.mfu / b.factor) + "%", pct(o.bubble),
-        gb(o.peak_bytes)]);
+        Math.round(o.tokens_per_s_per_gpu / b.factor), Math.round(100 * o.mfu / b.factor) + "%",
+        L.p === 1 ? "–" : pct(o.bubble), gb(o.peak_bytes), o.estimated ? "est." : "meas."]);
       const tr = h("tr", {tabindex: 0, "data-label": o.label, "data-step-s": o.step_s, "data-peak-bytes": o.peak_bytes,
-                          "data-bubble": o.bubble, title: o.label}, cells.map((c) => c === L.schedule ?
+                          "data-bubble": o.bubble, "data-tied": inTie ? "1" : "0",
+                          title: o.label + (inTie ? " (tied with the winner)" : "")}, cells.map((c) => c === L.schedule ?
         h("td", {class: "ppx-name"}, String(c).split(/(?<=[a-z])(?=[A-Z][a-z])/).flatMap((w, j) => j ? [h("wbr"), w] : [w])) :
         h("td", {text: String(c)})));
       tr.addEventListener("click", () => choose(L));
@@ -299,6 +314,9 @@
       body.appendChild(tr);
     });
     t.appendChild(body);
+    if (tied > 1) t.appendChild(h("caption", {class: "ppx-note", text: "* tied: " + tied + " layouts are predicted within " +
+      "the winner's band" + (tied > TOP ? " (the first " + TOP + " shown)" : "") + "; passes: pass times measured on " +
+      "this GPU (meas.) or estimated from FLOPs (est.)"}));
   }
 
   // --- the selected layout's controls --------------------------------------------------------------
@@ -334,7 +352,7 @@
     const perReplica = req.global_batch % L.dp === 0 ? req.global_batch / L.dp : 0;
     const ms = perReplica ? divisors(perReplica) : [L.m];
     options($("ppx-m"), ms, ms.map((m) => m + " (b=" + (perReplica / m) + ")"), L.m);
-    options($("ppx-ep"), planner.expertParallelSizes(L.dp), null, L.ep || 1);
+    options($("ppx-ep"), planner.expertParallelSizes(L.dp, L.tp, L.cp || 1, L.etp || 1), null, L.ep || 1);
     $("ppx-ep").disabled = !req.model.experts;
     options($("ppx-sharding"), L.dp > 1 ? data.choices.sharding : ["none"], null, L.sharding);
     options($("ppx-recompute"), data.choices.recompute, null, L.recompute);
@@ -370,10 +388,12 @@
     }
     b = req.global_batch / (dp * m);
     if (!Number.isInteger(b)) b = 0;  // draw() says why
-    const eps = planner.expertParallelSizes(dp), wanted = Number($("ppx-ep").value) || 1;
+    // the experts fold over tp x cp x dp (ep may exceed dp); a split of each expert (etp) is kept while it still folds
+    const etp = (old.etp || 1) > 1 && (tp * cp * dp) % old.etp === 0 ? old.etp : 1;
+    const eps = planner.expertParallelSizes(dp, tp, cp, etp), wanted = Number($("ppx-ep").value) || 1;
     const ep = eps.includes(wanted) ? wanted : eps.filter((e) => e <= wanted).pop() || 1;  // dp moved: the nearest below
     return P.layout(tp, p, dp, schedule, v, b, m, dp > 1 ? $("ppx-sharding").value : "none", $("ppx-recompute").value,
-                    p > 1 ? $("ppx-balance").value : "even", ep, cp);
+                    p > 1 ? $("ppx-balance").value : "even", ep, cp, etp);
   }
 
   for (const name of ["tp", "cp", "p", "schedule", "v", "m", "ep", "sharding", "recompute", "balance"])
@@ -393,35 +413,51 @@
       root.dataset.layout = P.label(L);
       return;
     }
-    const pred = planner.predict(L, false), b = band(req);
+    const pred = planner.predict(L, false), b = planner.band(), k = b.factor;
     const worst = pred.memory.reduce((a, r) => r.total > a.total ? r : a);
     const usable = P.usableBytes(req), fits = worst.total <= usable;
     const win = ranked[0];
     let verdict = "";
     if (win) {
       const slower = 100 * (pred.step_s / win.step_s - 1);
+      const tied = planner.tie(ranked).some((o) => o.label === P.label(L));
       verdict = P.label(win.layout) === P.label(L) ? "the planner's choice" :
-        Math.abs(slower).toFixed(1) + "% " + (slower >= 0 ? "slower" : "faster") + " than the winner" + (fits ? "" : ", but it does not fit");
+        Math.abs(slower).toFixed(1) + "% " + (slower >= 0 ? "slower" : "faster") + " than the winner" +
+        (tied ? ", tied with it (within its band)" : "") + (fits ? "" : ", but it does not fit");
     }
+    // no bubble for a layout without a pipeline: it has none
+    const passes = L.p === 1 ? "passes " + seconds(pred.pipeline_s * k) + " (no pipeline)"
+      : "pipeline " + seconds(pred.pipeline_s * k) + " (bubble " + pct(pred.bubble) + ")";
     stats.textContent = P.label(L) + ": " + (fits ? "fits, " + gb(worst.total) + " GB on the fullest GPU (rank " + worst.rank + ")"
       : "does not fit: rank " + worst.rank + " needs " + gb(worst.total) + " GB of " + gb(usable) + " usable") +
-      "; " + stepText(pred.step_s, b) + ": pipeline " + seconds(pred.pipeline_s * b.factor) + " (bubble " + pct(pred.bubble) +
-      "), data-parallel traffic not hidden " + seconds(pred.dp_exposed_s * b.factor) + ", optimizer " +
-      seconds(pred.optimizer_s * b.factor) + "; " + Math.round(pred.tokens_per_s_per_gpu / b.factor) +
-      " tokens/s per GPU, " + Math.round(100 * pred.mfu / b.factor) + "% MFU (calibrated)" +
-      (verdict ? "; " + verdict : "") + (pred.estimated ? "" : " (action times measured on this GPU, " + req.gpu.name + ")");
+      "; " + stepText(pred.step_s, b) + " (" + (pred.estimated ? "pass times estimated from FLOPs" :
+        "pass times measured on this GPU (" + req.gpu.name + ")") + "): " + passes + ", data-parallel traffic not hidden " +
+      seconds(pred.dp_exposed_s * k) + ", optimizer " + seconds(pred.optimizer_s * k) + "; " +
+      Math.round(pred.tokens_per_s_per_gpu / k) + " tokens/s per GPU, " + Math.round(100 * pred.mfu / k) + "% MFU (calibrated)" +
+      (verdict ? "; " + verdict : "");
     stats.dataset.stepS = pred.step_s;
     showExport();
     root.dataset.layout = P.label(L);
     root.dataset.layoutFields = JSON.stringify(L);
     drawMemory(memory, pred.memory, req);
     const tl = planner.timeline(L);
+    // drawn in calibrated seconds, as every time printed; the axis covers the whole step: after the pipeline,
+    // the rank that finishes last still waits for its data-parallel traffic not hidden and its optimizer step
+    const c = pred.critical, drawnEnd = Math.max(0, ...tl.events.filter((e) => e.rank === c.rank).map((e) => e.end));
+    const tail = {rank: c.rank, start: drawnEnd * k, end: (drawnEnd + pred.step_s - c.end_s) * k};
+    const scaled = tl.events.map((e) => Object.assign({}, e, {start: e.start * k, end: e.end * k}));
+    const axis = Math.max(tl.span * k, tail.end);
     // a long step's prediction extends from 2p and 3p microbatches; the drawing simulates all m
     const extended = Math.abs(tl.span - pred.pipeline_s) > 1e-9 * tl.span;
-    const unit = tl.span >= 1 ? {name: "s", per: 1} : {name: "ms", per: 1e3};
-    drawTimeline(chart, tl.events, L.p, tl.span, seconds, unit,
-                 "one step, all " + L.m + " microbatches simulated" + (extended ? " (" + seconds(tl.span) +
-                 "; the prediction above extends 2p and 3p)" : ""));
+    const unit = axis >= 1 ? {name: "s", per: 1} : {name: "ms", per: 1e3};
+    drawTimeline(chart, scaled, L.p, axis, seconds, unit,
+                 "one step in calibrated seconds (the model's × " + k.toFixed(2) + "), all " + L.m +
+                 " microbatches simulated" + (extended ? " (" + seconds(tl.span * k) + "; the prediction above extends 2p " +
+                 "and 3p)" : ""), tail.end > tail.start ? tail : null);
+    chart.dataset.span = tl.span;  // the model's own, as the command line's timeline
+    chart.dataset.events = JSON.stringify(tl.events.map((e) => [e.rank, e.stage, e.kind, e.microbatch, e.start, e.end]));
+    chart.dataset.axis = axis;
+    chart.dataset.step = pred.step_s * k;
   }
 
   function drawMemory(box, ranks, req) {
@@ -464,7 +500,8 @@
 
   // one step: a row per rank, grey where it idles (the bubble), an action per box in the colours
   // of the book's other timelines, a line per hand-off; the axis in one `unit` ({name, per})
-  function drawTimeline(box, events, p, span, timeText, unit, caption) {
+  const TAIL = "#9DB8D2";  // after the pipeline: data-parallel traffic not hidden and the optimizer step
+  function drawTimeline(box, events, p, span, timeText, unit, caption, tail) {
     const width = 760, left = 56, rowH = 24, top = 8, right = 10;
     const height = top + rowH * p + 50;  // one line of legend; set again once it is drawn
     const scale = (width - left - right) / (span || 1);
@@ -490,6 +527,12 @@
       else if (w > 9) s("text", {x: x + w / 2, y: y + rowH / 2 + 4, "font-size": 10, fill: "white", "text-anchor": "middle"}, svg)
         .textContent = `${e.microbatch}`;
     });
+    if (tail) {
+      const rect = s("rect", {x: left + tail.start * scale, y: top + tail.rank * rowH + 2, width: Math.max((tail.end - tail.start) * scale, 0.5),
+                              height: rowH - 4, fill: TAIL, class: "ppx-tail"}, svg);
+      s("title", {}, rect).textContent = "rank " + tail.rank + " (it finishes last): data-parallel traffic not hidden and the " +
+        "optimizer step, " + timeText(tail.start) + " to " + timeText(tail.end);
+    }
     events.forEach((e) => {
       if (e.from === undefined || e.from < 0) return;
       const src = events[e.from];
@@ -506,7 +549,9 @@
     s("text", {x: left, y: axisY + 14, "font-size": 10}, svg).textContent = caption;
     // the legend: the kinds this step has, the hand-offs if any, and the idle time
     const legend = ["F", "B", "I", "W"].filter((k) => kinds.has(k)).map((k) => [k + " " + KIND_NAMES[k], data.colours[k]])
-      .concat(handoffs ? [["hand-off between ranks", null]] : []).concat([["idle (the bubble)", IDLE]]);
+      .concat(handoffs ? [["hand-off between ranks", null]] : [])
+      .concat(tail ? [["after the pipeline: traffic not hidden, optimizer", TAIL]] : [])
+      .concat([[p > 1 ? "idle (the bubble)" : "idle", IDLE]]);
     const g = s("g", {class: "ppx-legend"}, svg);
     let lx = left, ly = axisY + 21;
     for (const [label, colour] of legend) {
@@ -573,6 +618,7 @@
   $("ppx-export-kind").addEventListener("change", showExport);
   recipeSelect.addEventListener("change", plan);
   kernelsSelect.addEventListener("change", plan);
+  frameworkSelect.addEventListener("change", plan);
   teachSection.addEventListener("input", () => later(teach));
   teachSchedule.addEventListener("change", teach);
   for (const radio of root.querySelectorAll("input[name=ppx-mode]"))

@@ -38,6 +38,7 @@ def planner_data() -> dict:
         "efficiency": {k: list(v) for k, v in costs.EFFICIENCY.items()},
         "efficiency_range": list(costs.EFFICIENCY_RANGE),
         "attention_backward": costs.ATTENTION_BACKWARD,
+        "expert_gemm_tflops": [list(r) for r in costs.EXPERT_GEMM_TFLOPS],  # grouped GEMMs by rows per expert
         "presets": {k: asdict(v) for k, v in shapes.PRESETS.items()},
         "gpus": {k: asdict(v) for k, v in hardware.GPUS.items()},
         "links": {k: asdict(v) for k, v in hardware.LINKS.items()},
@@ -48,16 +49,47 @@ def planner_data() -> dict:
                     "recompute": list(memory.RECOMPUTE), "balance": list(search.BALANCES),
                     "recipe": list(memory.RECIPES), "kernels": list(memory.KERNELS)},
         "colours": timeline.KIND_COLOURS,
-        # what the exports need (ppbook.planner.export, also read by plan.export): the frameworks' options, torchtitan's registry, Megatron's sharding flags
+        # what the exports need (ppbook.planner.export, also read by plan.export): the frameworks' options, torchtitan's
+        # registry and what it overrides there, Megatron's flags, the placeholders
         "export": {"frameworks": {k: {o: list(v) for o, v in fw.items()} for k, fw in export.FRAMEWORKS.items()},
                    "torchtitan_registry": {k: list(v) for k, v in export.TORCHTITAN_REGISTRY.items()},
-                   "torchtitan_version": export.TORCHTITAN_VERSION, "megatron_core_version": export.MEGATRON_CORE_VERSION,
-                   "megatron_sharding": {k: list(v) for k, v in export.MEGATRON_SHARDING.items()}},
-        # the band every printed time carries (chapter 10): each GPU's family, each family's band
-        "calibration": {"family": dict(calibration.FAMILY),
-                        "bands": {k: asdict(b) for k, b in calibration.bands().items()},
-                        "pooled": calibration.POOLED, "thin_margin": calibration.THIN_MARGIN},
+                   "torchtitan_version": export.TORCHTITAN_VERSION,
+                   "torchtitan_overrides": list(export.TORCHTITAN_OVERRIDES),
+                   "torchtitan_loss_chunks": export.TORCHTITAN_LOSS_CHUNKS,
+                   "torchtitan_checkpoint_interval": export.TORCHTITAN_CHECKPOINT_INTERVAL,
+                   "torchtitan_entry_notes": dict(export.TORCHTITAN_ENTRY_NOTES),
+                   "megatron_lm_release": export.MEGATRON_LM_RELEASE,
+                   "megatron_sharding": {k: list(v) for k, v in export.MEGATRON_SHARDING.items()},
+                   "megatron_overlap": {k: list(v) for k, v in export.MEGATRON_OVERLAP.items()},
+                   "megatron_mlp": {k: list(v) for k, v in export.MEGATRON_MLP.items()},
+                   "megatron_dispatcher": {k: list(v) for k, v in export.MEGATRON_DISPATCHER.items()},
+                   "megatron_precision": {k: list(v) for k, v in export.MEGATRON_PRECISION.items()},
+                   "megatron_optimizer": {k: list(v) for k, v in export.MEGATRON_OPTIMIZER.items()},
+                   "torchtitan_precision_notes": dict(export.TORCHTITAN_PRECISION_NOTES),
+                   "megatron_vocab_divisor": export.MEGATRON_VOCAB_DIVISOR,
+                   "placeholders": dict(export.PLACEHOLDERS)},
+        # the band every printed time carries (chapter 10), for each framework and GPU preset (other GPUs: "other"),
+        # with the lines the command line prints about it
+        "calibration": calibration_data(),
+        "thin_margin": calibration.THIN_MARGIN,
+        "multiples": list(search.MULTIPLES),
     }
+
+
+def calibration_data() -> dict:
+    """Each framework's band on each GPU preset, and on any other GPU ("other"), with the lines
+    ``python -m ppbook.plan`` prints about it (:func:`ppbook.planner.calibration.band_for`): the
+    distinct bands once (``bands``), and for each framework and GPU the index of its own (``family``)."""
+    bands, family = [], {}
+    for fw in calibration.FRAMEWORKS:
+        family[fw] = {}
+        for gpu in [*hardware.GPUS, ""]:
+            band = calibration.band_for(gpu, fw)
+            entry = {**asdict(band), "describe": band.describe(), "cautions": calibration.cautions(gpu, fw)}
+            if entry not in bands:
+                bands.append(entry)
+            family[fw][gpu or "other"] = bands.index(entry)
+    return {"bands": bands, "family": family}
 
 
 def script(name: str) -> str:
@@ -72,10 +104,17 @@ def page(data: dict | None = None) -> str:
     drawing script (the script builds the controls from the data)."""
     data = planner_data() if data is None else data
     payload = json.dumps(data, separators=(",", ":")).replace("</", "<\\/")
-    code = (script("planner.js") + "\n" + script("explorer.js")).replace("</script", "<\\/script")
+    code = (compact(script("planner.js")) + "\n" + script("explorer.js")).replace("</script", "<\\/script")
     return (f'<style>\n{script("explorer.css")}</style>\n'
             '<div id="ppx" class="ppx"><noscript>The planner needs JavaScript.</noscript></div>\n'
             f'<script type="application/json" id="ppx-data">{payload}</script>\n<script>\n{code}\n</script>')
+
+
+def compact(js: str) -> str:
+    """``js`` as the page ships it: without its whole-line ``//`` comments and its indentation, which
+    the browser does not need (the port is read in ``planner.js`` itself). Its lines are kept, so an
+    error in the page still names a line; the port holds no template literal that spans lines."""
+    return "\n".join(line.strip() for line in js.split("\n") if not line.strip().startswith("//"))
 
 
 def source_digest(data: dict | None = None) -> str:

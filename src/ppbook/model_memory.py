@@ -244,7 +244,9 @@ def predict_peak(cfg: LlamaConfig, schedule: str, m: int, microbatch_size: int, 
     ``weight_casts`` says how the passes get bf16 weights (:data:`WEIGHT_CASTS`,
     :func:`ppbook.planner.memory.weight_copy_bytes`): ``autocast``, float32 weights under one
     autocast region per step, is how the first GPU record's runs trained (H200, 2026-11-28,
-    ``data/gpu/h200-2026-11-28/mem.json``); ``per-step``, bf16 compute copies made once per step,
+    ``data/gpu/h200-2026-11-28/mem.json``); ``master``, the matrix products' weights as bf16
+    compute copies beside float32 masters under that region (:class:`ppbook.precision.MasterWeights`),
+    is how ``06_train.py`` trains since; ``per-step``, bf16 compute copies made once per step,
     is what the planner's default recipe counts. ``device="cpu"`` counts what the CPU allocates (no
     allocator rounding, no cuBLAS workspace, AdamW a tensor at a time), which the tests measure.
 
@@ -254,10 +256,12 @@ def predict_peak(cfg: LlamaConfig, schedule: str, m: int, microbatch_size: int, 
     return pm.training_peak(shape_of(cfg), schedule, m, microbatch_size, seq_len, weight_casts, device, optimizer)
 
 
-def predict_train_peak(argv: list[str], weight_casts: str = "autocast", device: str = "cuda") -> pm.Peak:
+def predict_train_peak(argv: list[str], weight_casts: str = "master", device: str = "cuda") -> pm.Peak:
     """:func:`predict_peak` for ``scripts/06_train.py`` run at one stage with the command-line
     arguments ``argv`` (its model, batch, microbatches and schedule, read by the script's own
-    ``parse_args`` and ``llama_config``), as the GPU record's ``mem.json`` lists its runs."""
+    ``parse_args`` and ``llama_config``), as the GPU record's ``mem.json`` lists its runs. The
+    default ``weight_casts`` is how the script trains now; the first GPU record's runs (before
+    :class:`ppbook.precision.MasterWeights`) are ``autocast``."""
     from ppbook import launch
 
     script = launch.load_script("06_train.py")

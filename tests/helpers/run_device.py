@@ -222,10 +222,20 @@ def run_device_checked(monkeypatch):
         return RUN if d == HOST else d
 
     monkeypatch.setattr(ppdist, "pick_device", pick_run_device)
-    nccl_rules.install()  # its check of each collective's tensors, against the run's device
-    # while the mode is on, a tensor reports RUN or HOST; inside its handler (the mode paused: a collective
-    # that torch hands to the mode first, checked there), its real device
-    monkeypatch.setattr(nccl_rules, "_expected_device", lambda: RUN if torch._C._len_torch_function_stack() else HOST)
+    nccl_rules.install()  # its wrappers see every collective, send and receive: a tensor check each
+    # NCCL takes only tensors on the rank's own device. The mode's own check runs where a tensor is
+    # handed to each operation: while the mode is on, a tensor reports RUN or HOST; inside its handler
+    # (the mode paused: a collective that torch hands to the mode first, checked there), its real device.
+    contiguous = nccl_rules._check_tensor
+
+    def on_run_device(t, what):
+        contiguous(t, what)
+        expected = RUN if torch._C._len_torch_function_stack() else HOST
+        if isinstance(t, torch.Tensor) and not nccl_rules._state.suspended and t.device != expected:
+            raise nccl_rules.RuleError(f"{what}: a tensor on {t.device}, but this rank's device is {expected}; NCCL "
+                                       f"takes only tensors on the rank's own device: move it with .to(device)")
+
+    monkeypatch.setattr(nccl_rules, "_check_tensor", on_run_device)
     mode = RunDevice()
     new = torch.nn.Parameter.__new__
 

@@ -37,6 +37,13 @@ an assumption stated in the planner's output. The efficiency is that of a whole 
 one microbatch on one GPU; tensor and context parallelism then divide the pass's time by their
 sizes without a further loss (an assumption the measurements do not cover).
 
+A mixture of experts' layer is timed as each GPU runs it (:func:`moe_dense_costs`,
+:func:`expert_costs`): the experts' grouped products at the rows each expert gets, which
+DeepGEMM's published grouped-GEMM throughput says reach less of the GPU below 4,096 rows
+(:func:`expert_rows_factor`). Under an FP8 recipe the blocks' linear layers run at the speed-ups
+Transformer Engine's GEMM benchmark published (:data:`FP8_GEMM_MS`, quantization included),
+attention's score and value products, the router and the head at bf16's (:func:`fp8_factors`).
+
 FLOPs of one layer for ``N`` tokens of sequences of length ``s`` (causal attention computes half
 of the score matrix):
 
@@ -256,3 +263,157 @@ def calibrate(max_flops0: float = 1000e9) -> dict[str, Line]:
                 best = (err, Line(*abc, flops0, lo, hi))
         fits[kind] = best[1]
     return fits
+
+
+# --- FP8 and the experts' products (issue 52) ------------------------------------------------------------------------
+
+# Transformer Engine's GEMM benchmark (benchmarks/gemm/benchmark_gemm.py), as its documentation publishes it: the
+# twelve matrix products of one layer of a 5B model (hidden 4096, MLP 16384, 15,872 tokens: 31 sequences of 512),
+# in "autocast" mode, which includes quantizing the inputs and computing their scales; milliseconds per layer of
+# the forward products (Fprop: the planner's F), the input gradients (Dgrad: I) and the weight gradients (Wgrad: W).
+# NVIDIA/TransformerEngine docs/examples/gemm_profiling/gemm_profiling.rst @ 1609c890 (2026-06-01): "Per-Layer
+# GEMM Time" of "GEMM Benchmark (Model Config Mode) on NVIDIA H200 NVL" and "... on NVIDIA B300 SXM6 AC".
+FP8_GEMM_MS: dict[str, dict[str, tuple[float, float, float]]] = {
+    "hopper": {"bf16": (10.653, 10.813, 10.548), "fp8-current": (6.503, 6.795, 6.987),
+               "fp8-delayed": (6.188, 6.306, 6.484), "fp8-blockwise": (7.425, 7.636, 7.821)},
+    "blackwell": {"bf16": (4.196, 4.290, 4.272), "fp8-current": (2.879, 3.063, 3.205),
+                  "fp8-delayed": (2.486, 2.621, 2.695), "mxfp8": (2.847, 3.045, 3.092)},
+}
+FP8_SOURCE = ("Transformer Engine's GEMM benchmark, a 5B model's layer (hidden 4096, MLP 16384, 15,872 tokens), "
+              "quantization included: NVIDIA/TransformerEngine docs/examples/gemm_profiling/gemm_profiling.rst "
+              "@ 1609c890 (H200 NVL for Hopper, B300 for Blackwell)")
+# which GPUs have which FP8 tensor cores, by the start of their name (Hopper: H100, H800, H200; Blackwell: B200);
+# MXFP8 is Blackwell's
+FP8_FAMILY = {"h100": "hopper", "h800": "hopper", "h200": "hopper", "b200": "blackwell"}
+
+
+def fp8_family(gpu_name: str) -> str | None:
+    """The FP8 tensor cores of a GPU (a preset, modified or not, or a published run's H100 variant),
+    ``None`` without."""
+    return next((f for prefix, f in FP8_FAMILY.items() if gpu_name.startswith(prefix)), None)
+
+
+def fp8_speedup(precision: str, gpu_name: str) -> tuple[float, float, float] | None:
+    """How many times faster the F, I and W matrix products run under ``precision`` than in bf16 on
+    this GPU (:data:`FP8_GEMM_MS`: bf16 time over FP8 time, quantization included); ``None`` where
+    it was not measured (no FP8 tensor cores, or a recipe the GPU does not run)."""
+    family = FP8_GEMM_MS.get(fp8_family(gpu_name) or "", {})
+    if precision not in family:
+        return None
+    return tuple(b / f for b, f in zip(family["bf16"], family[precision]))
+
+
+def precision_problem(precision: str, gpu_name: str) -> str | None:
+    """Why ``precision`` cannot be timed on this GPU, in one line with the fix; ``None`` if it can."""
+    if precision == "bf16":
+        return None
+    family = fp8_family(gpu_name)
+    if family is None:
+        return (f"--precision fp8 (recipe {precision}): the planner has no FP8 GEMM measurement on the {gpu_name} (it "
+                f"times FP8 on Hopper and Blackwell GPUs: {', '.join(FP8_FAMILY)}); use bf16")
+    if precision not in FP8_GEMM_MS[family]:
+        runs = [p for p in FP8_GEMM_MS[family] if p != "bf16"]
+        return (f"--fp8-recipe {precision} does not run on {family.capitalize()} ({gpu_name}) as measured: use "
+                f"--fp8-recipe {' or '.join(runs)}" + (" (MXFP8 needs Blackwell's tensor cores)" if precision == "mxfp8" else ""))
+    return None
+
+
+def fp8_factors(flops: dict[str, float], fp8_products: float, speedup: tuple[float, float, float]) -> dict[str, float]:
+    """The factor a pass's time takes when ``fp8_products`` of each pass's FLOPs (the matrix products
+    of FP8 linear layers; the same in F, I and W) run ``speedup`` times faster and the rest (attention's
+    score and value products, the router) at bf16's: the time of each part is taken proportional to
+    its FLOPs, so the factor is ``1 - share + share / speedup``."""
+    out = {}
+    for k, s in zip(("F", "I", "W"), speedup):
+        share = min(1.0, fp8_products / flops[k]) if flops[k] else 0.0
+        out[k] = 1 - share + share / s
+    return out
+
+
+def _scaled(c: PassCosts, factor: dict[str, float]) -> PassCosts:
+    return PassCosts(c.F * factor["F"], c.I * factor["I"], c.W * factor["W"], c.measured)
+
+
+def layer_costs_at(shape: ModelShape, gpu: GPU, b: int, seq_len: int, precision: str = "bf16",
+                   measured_ok: bool = True) -> PassCosts:
+    """A dense layer's passes (:func:`layer_costs`) under ``precision``: its matrix products FP8, its
+    attention bf16. bf16 is :func:`layer_costs` itself."""
+    base = layer_costs(shape, gpu, b, seq_len, False, measured_ok)
+    speedup = None if precision == "bf16" else fp8_speedup(precision, gpu.name)
+    if speedup is None:
+        return base
+    tokens = b * seq_len
+    products = 2.0 * tokens * (attention_parameters(shape) + mlp_parameters(shape, shape.ffn))
+    return _scaled(base, fp8_factors(layer_flops(shape, tokens, seq_len), products, speedup))
+
+
+def moe_dense_flops(shape: ModelShape, tokens: int, seq_len: int) -> tuple[dict[str, float], float]:
+    """FLOPs of an MoE layer's passes without its routed experts (attention, router, shared experts)
+    for ``tokens`` tokens, and the FLOPs of its FP8-capable products (all but the router)."""
+    q, _, _, out = memory.attention_widths(shape)
+    fp8 = 2.0 * tokens * (attention_parameters(shape) + shape.shared_experts * mlp_parameters(shape, shape.expert_ffn))
+    products = fp8 + 2.0 * tokens * shape.hidden * shape.experts
+    attention = float(tokens) * seq_len * (q + out)
+    return {"F": products + attention, "I": products + ATTENTION_BACKWARD * attention, "W": products}, fp8
+
+
+@functools.lru_cache(maxsize=4096)
+def moe_dense_costs(shape: ModelShape, gpu: GPU, b: int, seq_len: int, precision: str = "bf16",
+                    split: int = 1) -> PassCosts:
+    """Seconds of one GPU's share of an MoE layer's attention, router and shared experts for a
+    microbatch of ``b`` sequences (estimated: the book measured no MoE layer), split over ``split``
+    GPUs (tensor x context parallelism): timed as the pass each GPU runs, ``split`` times fewer
+    FLOPs with a whole pass's fixed cost (:func:`efficiency`), where a dense layer's pass is timed
+    whole and divided without loss. The MoE layer is timed as each GPU runs it, its experts too
+    (:func:`expert_costs`)."""
+    tokens = b * seq_len
+    whole, fp8 = moe_dense_flops(shape, tokens, seq_len)
+    flops = {k: f / split for k, f in whole.items()}
+    c = _estimate(flops, "", shape.hidden, tokens, gpu)
+    speedup = None if precision == "bf16" else fp8_speedup(precision, gpu.name)
+    return c if speedup is None else _scaled(c, fp8_factors(flops, fp8 / split, speedup))
+
+
+# DeepGEMM's grouped GEMMs for MoE (FP8, H800), as its README published them (deepseek-ai/DeepGEMM README.md @ 327ec92f,
+# 2025-04-09, "Grouped GEMMs for MoE models", masked layout below 4,096 rows per group, contiguous at 4,096): rows
+# per expert (M per group) and TFLOPS for the two shapes of a DeepSeek-V3 expert (N 4096, K 7168; N 7168, K 2048)
+EXPERT_GEMM_TFLOPS = ((256, 932, 815), (512, 1040, 916), (1024, 1233, 925), (4096, 1346, 1214))
+
+
+def expert_rows_factor(rows: float) -> float:
+    """The share of a large grouped GEMM's throughput an expert's products reach with ``rows`` tokens
+    each (:data:`EXPERT_GEMM_TFLOPS`: each shape's throughput over its throughput at 4,096 rows,
+    averaged over the two shapes, interpolated in log2 of the rows; 1 from 4,096 rows on, held at
+    256 rows' below). Small experts' products fill fewer of the GPU's tiles: at 512 rows a
+    DeepSeek-V3 expert reached about three quarters of its large-batch throughput. The
+    measurement is FP8 on an H800; the planner applies the same shares to bf16 experts (an
+    assumption: the shares come from tiles left empty, the same in both)."""
+    pts = [(math.log2(n), (a / EXPERT_GEMM_TFLOPS[-1][1] + b / EXPERT_GEMM_TFLOPS[-1][2]) / 2)
+           for n, a, b in EXPERT_GEMM_TFLOPS]
+    x = math.log2(max(rows, EXPERT_GEMM_TFLOPS[0][0]))
+    if x >= pts[-1][0]:
+        return 1.0
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+        if x <= x1:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return 1.0
+
+
+@functools.lru_cache(maxsize=4096)
+def expert_costs(shape: ModelShape, gpu: GPU, copies: float, per_expert: float, etp: int,
+                 precision: str = "bf16") -> PassCosts:
+    """Seconds of one GPU's routed experts in one MoE layer: ``copies`` token copies (a token routed to
+    ``top_k`` experts is ``top_k`` copies) through its experts, each expert a matrix ``etp`` times
+    narrower than the model's, ``per_expert`` copies to each. The experts' products of a GPU run as
+    one grouped pass (Megatron-LM's and torchtitan's grouped GEMMs), timed at the efficiency of a pass
+    of that many FLOPs (its fixed cost once) on the tokens each expert gets: the microbatch's tokens
+    in :func:`efficiency` are the expert's rows, and :func:`expert_rows_factor` the share of a large
+    grouped GEMM's throughput that experts of so few rows reach. Under FP8 every expert product
+    runs in FP8."""
+    products = 2.0 * copies * mlp_parameters(shape, shape.expert_ffn) / etp
+    flops = {"F": products, "I": products, "W": products}
+    rows = expert_rows_factor(per_expert)
+    c = _estimate(flops, "", shape.hidden, per_expert, gpu)
+    c = PassCosts(c.F / rows, c.I / rows, c.W / rows, False)
+    speedup = None if precision == "bf16" else fp8_speedup(precision, gpu.name)
+    return c if speedup is None else _scaled(c, fp8_factors(flops, products, speedup))

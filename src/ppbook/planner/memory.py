@@ -66,6 +66,11 @@ temporaries, :func:`optimizer_step_bytes`), the schedule's outputs not kept
 (``return_outputs=False``), and gradients counted at every peak (a conservative bound: before a
 step's first backward none exists). cuBLAS's workspaces and the allocator's rounding and
 fragmentation are in its ``headroom``.
+
+**FP8 and other optimizers** (issue 52): an FP8 recipe (:data:`PRECISIONS`) adds the FP8 copies of
+the linear layers' weights and keeps their inputs in FP8 for the backward
+(:func:`fp8_saved_values`), with delayed scaling's history of maxima; an optimizer other than Adam
+keeps its own state (:data:`OPTIMIZER_STATE`, :func:`recipe_for`).
 """
 
 from __future__ import annotations
@@ -81,9 +86,11 @@ SHARDING = ("none", "zero1", "zero2", "fsdp")
 RECOMPUTE = ("none", "selective", "full")
 KERNELS = ("fused", "unfused", "book")
 # How bf16 training gets bf16 weights for its passes (see :func:`weight_copy_bytes`): float32 weights under one
-# autocast region per step (the book's scripts until issue 48, the first GPU record), an autocast region per
-# microbatch, or bf16 compute copies made once per step beside float32 masters.
-WEIGHT_CASTS = ("autocast", "per-microbatch", "per-step")
+# autocast region per step (the book's scripts until issue 48, the first GPU record), the matrix products'
+# weights as bf16 compute copies kept beside their float32 masters under that region (precision.MasterWeights,
+# the book's scripts since), an autocast region per microbatch, or every weight a bf16 compute copy made once
+# per step beside float32 masters (the planner's default recipe).
+WEIGHT_CASTS = ("autocast", "master", "per-microbatch", "per-step")
 
 
 @dataclass(frozen=True)
@@ -508,6 +515,11 @@ def weight_copy_bytes(cast_params: float, weight_casts: str, in_flight: int = 1)
       requires grad (the matrix products' weights, ``cast_params``; the embedding and the norms'
       scales run in float32) from its first use until the outermost region exits, after the
       step's last backward: one copy, shared by every microbatch's saved graph.
+    - ``master``: :class:`ppbook.precision.MasterWeights` under that region (the book's scripts
+      since issue 48): the matrix products' weights are bf16 compute copies that autocast uses
+      as they are, their float32 originals the optimizer's masters, recast once after each
+      optimizer step. The passes hold what ``autocast`` holds; the copies live on through the
+      optimizer step, where autocast's cache is gone.
     - ``per-microbatch``: a region per microbatch's forward. Each closes with its forward, but
       the copies stay referenced by that microbatch's saved graph until its backward: one copy
       per microbatch in flight.
@@ -558,11 +570,13 @@ def book_parameter_tensors(shape: ModelShape) -> list[tuple[str, int, bool]]:
 @dataclass(frozen=True)
 class Peak:
     """The most bytes one training step holds at once, by part (the parts add up to ``total``),
-    and the moment it happens; ``moments``: every candidate moment's total."""
+    and the moment it happens; ``moments``: every candidate moment's total; ``in_flight``: how
+    many microbatches' activations that moment holds."""
     total: float
     parts: dict
     moment: str
     moments: dict = field(default_factory=dict)
+    in_flight: int = 0
 
 
 PEAK_SCHEDULES = ("GPipe", "1F1B", "none")
@@ -628,11 +642,11 @@ def training_peak(shape: ModelShape, schedule: str, m: int, microbatch_size: int
         "workspaces": [CUBLAS_WORKSPACE_BYTES] * CUBLAS_WORKSPACES if device == "cuda" else [],
     }
 
-    def moment(label: str, parts_lists: dict) -> Peak:
+    def moment(label: str, parts_lists: dict, in_flight: int = 0) -> Peak:
         lists = {**fixed, **parts_lists}
         parts = {k: float(sum(v)) for k, v in lists.items()}
         parts["allocator rounding"] = sum(size(t) - t for v in lists.values() for t in v)
-        return Peak(sum(parts.values()), parts, label)
+        return Peak(sum(parts.values()), parts, label, in_flight=in_flight)
 
     keep = schedule != "none"
     acts = sched.order("1F1B" if schedule == "none" else schedule, 1, m)[0]
@@ -654,17 +668,133 @@ def training_peak(shape: ModelShape, schedule: str, m: int, microbatch_size: int
             "logits (bf16)": [2 * V * n] * (forwards if keep else 0),
             "loss scalars": [scalar] * ((forwards + m if keep else k) + k),
             "loss backward": [4 * V * n] * 2,
-        })
+        }, in_flight=k)
         totals[here.moment] = here.total
         best = here if best is None or here.total > best.total else best
         held.remove(a.microbatch)
         backwards += 1
     step = moment("optimizer step", {
         "gradients (float32)": [4 * e for _, e, _ in params],
-        "weight copies (bf16)": [2 * e for e in copied] if weight_casts == "per-step" else [],
+        "weight copies (bf16)": [2 * e for e in copied] if weight_casts in ("per-step", "master") else [],
         "optimizer temporaries": [optimizer_step_bytes([e for _, e, _ in params], optimizer)],
         "logits (bf16)": [2 * V * n] * (m if keep else 0),
         "loss scalars": [scalar] * (m if keep else 0),
     })
     totals[step.moment] = step.total
     return replace(step if step.total > best.total else best, moments=totals)
+
+
+# --- mixtures of experts as frameworks lay them out, FP8, optimizers other than Adam (issue 52) -------------------
+
+# Optimizer state per parameter beyond the float32 master copy, in bytes, and what it is. Adam's two float32
+# moments are the planner's default (Recipe.moment_bytes); the others replace them.
+OPTIMIZER_STATE: dict[str, tuple[int, str]] = {
+    "adamw": (8, "two float32 moments (Loshchilov and Hutter 2019)"),
+    "adamw-bf16": (4, "two bf16 moments (DeepSeek-V3's recipe; Megatron-LM's --use-precision-aware-optimizer "
+                      "--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16)"),
+    "muon": (4, "one float32 momentum buffer (Jordan et al. 2024); Moonlight keeps AdamW's two for the embedding, "
+                "head and norms, counted here at Muon's one, and Muon's Newton-Schulz iterations are not timed"),
+    "sgd": (4, "one float32 momentum buffer (SGD with momentum)"),
+    "adafactor": (0, "factored second moments, one row and one column per matrix (Shazeer and Stern 2018), and no "
+                     "first moment (its default): counted as nothing per parameter"),
+}
+
+
+def recipe_for(name: str, optimizer: str = "adamw") -> Recipe:
+    """The memory recipe ``name`` (:data:`RECIPES`) with ``optimizer``'s state (:data:`OPTIMIZER_STATE`)
+    in place of Adam's moments; ``adamw`` gives the recipe itself."""
+    if optimizer not in OPTIMIZER_STATE:
+        raise ValueError(f"unknown optimizer {optimizer!r}; use one of {', '.join(OPTIMIZER_STATE)}")
+    base = RECIPES[name]
+    if optimizer == "adamw":
+        return base
+    return replace(base, name=f"{name}+{optimizer}", moment_bytes=OPTIMIZER_STATE[optimizer][0])
+
+
+@dataclass(frozen=True)
+class Precision:
+    """How the blocks' matrix products run, and what that keeps in memory (Transformer Engine's
+    recipes, as Megatron-LM runs them; ``costs.FP8_GEMM_MS`` holds their measured speed-ups):
+
+    - ``weight_copy_bytes``: per parameter of an FP8 linear layer, the FP8 copies of its weight kept
+      between the passes: a row-wise copy for the forward and a column-wise (transposed) one for the
+      input gradient, which Hopper's FP8 products need (Transformer Engine caches both), with their
+      scales; the bf16 weights and float32 masters stay as in bf16 training;
+    - ``saved_input_bytes``: per value of a linear layer's input saved for the weight gradient:
+      Transformer Engine saves the quantized input (one byte, and its block's scale) instead of bf16;
+    - ``amax_history``: delayed scaling keeps each FP8 tensor's last ``amax_history`` maxima (float32;
+      three tensors a linear layer: input, weight, output gradient)."""
+    name: str
+    fp8: bool
+    weight_copy_bytes: float = 0.0
+    saved_input_bytes: float = 2.0
+    amax_history: int = 0
+    about: str = ""
+
+
+PRECISIONS: dict[str, Precision] = {p.name: p for p in [
+    Precision("bf16", False, about="bf16 matrix products"),
+    Precision("fp8-delayed", True, 2.0, 1.0, 1024,
+              "FP8 per-tensor delayed scaling (Transformer Engine's DelayedScaling, E4M3 forward and E5M2 "
+              "gradients, scales from a 1,024-step history of maxima)"),
+    Precision("fp8-current", True, 2.0, 1.0, 0,
+              "FP8 per-tensor current scaling (Transformer Engine's Float8CurrentScaling, Megatron-LM's "
+              "--fp8-recipe tensorwise; torchao's tensorwise)"),
+    Precision("fp8-blockwise", True, 2.0 + 2 * 4 / 128 ** 2, 1.0 + 4 / 128, 0,
+              "FP8 blockwise scaling as DeepSeek-V3 trained (1 x 128 tiles of activations and gradients, 128 x 128 "
+              "blocks of weights, a float32 scale each; Transformer Engine's Float8BlockScaling)"),
+    Precision("mxfp8", True, 2 * (1 + 1 / 32), 1 + 1 / 32, 0,
+              "MXFP8 (OCP microscaling: 32 values share a one-byte power-of-two scale; Blackwell's tensor cores; "
+              "Transformer Engine's MXFP8BlockScaling)"),
+]}
+# Kept in bf16 whatever the precision (Transformer Engine's and Megatron-LM's FP8 recipes, DeepSeek-V3's): the
+# embedding, the output head and its loss, the router, the norms, attention's score and value products (softmax),
+# and every communication (pipeline hand-offs, the experts' all-to-all, data-parallel traffic: no FP8 all-gather).
+BF16_PARTS = ("the embedding", "the output head and loss", "the router", "the norms",
+              "attention's score and value products", "all communication (no FP8 all-gather)")
+
+
+def precision_of(name: str) -> Precision:
+    if name not in PRECISIONS:
+        raise ValueError(f"unknown precision {name!r}; use one of {', '.join(PRECISIONS)}")
+    return PRECISIONS[name]
+
+
+def fp8_saved_values(shape: ModelShape, kernels: str = "fused", recompute: str = "none",
+                     moe_layer: bool = False, etp: int = 1, load: float = 1.0) -> float:
+    """Values per token of one layer's saved activations that are inputs of FP8 linear layers, which
+    an FP8 recipe saves in FP8 (:attr:`Precision.saved_input_bytes`) instead of bf16. Without
+    recomputation: each norm's output (the input of the query, key and value projections, and of the
+    MLP; in an MoE layer only where shared experts take it, the router being bf16), attention's
+    output (the output projection's input), the input of the MLP's last matrix, and in an MoE layer
+    the tokens dispatched to the experts. Selective recomputation keeps attention's output and the
+    dispatched tokens of these; full recomputation only the block's input, in bf16. On the busiest
+    GPU of an MoE layer the routed experts' inputs are ``load`` times the mean, and the dispatched
+    tokens ``etp`` times more (:func:`expert_activation_extra`)."""
+    if recompute == "full":
+        return 0.0
+    _, _, _, out = attention_widths(shape)
+    dispatched = shape.top_k * shape.hidden * etp * load if moe_layer else 0
+    if recompute == "selective":
+        return out + dispatched
+    if not moe_layer:
+        return shape.hidden + out + shape.hidden + shape.ffn
+    mlp_norm = shape.hidden if shape.shared_experts else 0  # the router's input stays bf16
+    matrices_in = (shape.top_k * load + shape.shared_experts) * shape.expert_ffn
+    return shape.hidden + out + mlp_norm + matrices_in + dispatched
+
+
+def expert_activation_extra(shape: ModelShape, kernels: str = "fused", recompute: str = "none", etp: int = 1,
+                            load: float = 1.0) -> float:
+    """Values per token (of a GPU's own tokens) one MoE layer keeps on the busiest GPU beyond what
+    :func:`layer_activation_values` counts, which divides every value by the tensor-parallel size:
+    the routed experts' activations are ``load`` times the mean there (the busiest expert-parallel
+    rank's tokens over the mean), and the dispatched tokens and expert outputs are gathered over the
+    ``etp`` GPUs that split each expert (each holds all of its group's tokens, at ``1/etp`` of each
+    expert's width). 0 for a dense layer's count (``etp`` 1, ``load`` 1)."""
+    if recompute == "full":
+        return 0.0
+    dispatched = 2 * shape.top_k * shape.hidden
+    width = shape.expert_ffn
+    routed = shape.top_k * (width if recompute == "selective" else _mlp_values(shape, width, kernels))
+    return routed * (load - 1) + dispatched * (etp * load - 1)

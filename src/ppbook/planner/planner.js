@@ -3,10 +3,12 @@
  * A line-by-line port of the torch-free Python planner (src/ppbook/planner: schedules.py,
  * simulate.py, shapes.py, memory.py, traffic.py, costs.py, hardware.py, search.py), so that the
  * page answers in the reader's browser, offline and from file://, what `python -m ppbook.plan`
- * answers. The data it starts from (presets, GPUs, links, the H100 measurements, the fitted
- * efficiencies) is exported by the Python package itself (ppbook.explorer.planner_data), never
- * typed here. tests/test_explorer.py runs both on a grid of requests and layouts and requires the
- * same answers (memory, step time, bubble, ranking) to 1e-9.
+ * answers, and of plan.py's answer (the tie, the why-lines, when a pipeline pays, the exports), so
+ * that the page prints the command line's lines. The data it starts from (presets, GPUs, links, the
+ * H100 measurements, the fitted efficiencies, the bands computed from the published runs) is
+ * exported by the Python package itself (ppbook.explorer.planner_data), never typed here.
+ * tests/test_explorer.py runs both on a grid of requests and layouts and requires the same answers
+ * (memory, step time, bubble, ranking, the answer's lines) to 1e-9.
  *
  * Names follow the Python ones (camelCase); each function says which one it ports.
  */
@@ -691,6 +693,14 @@
 
   function blockResidualValues(s) { return [6 * s.hidden + 2, s.heads]; }
 
+  // port of memory.expert_activation_extra: an MoE layer's values per token on the busiest GPU beyond the count
+  function expertActivationExtra(s, kernels, recompute, etp, load) {
+    if (recompute === "full") return 0;
+    var dispatched = 2 * s.top_k * s.hidden, width = s.expert_ffn;
+    var routed = s.top_k * (recompute === "selective" ? width : mlpValues(s, width, kernels));
+    return routed * (load - 1) + dispatched * (etp * load - 1);
+  }
+
   function stageParameters(s, layers, first, last) {
     var moe = countMoe(s, layers);
     var blocks = (layers.length - moe) * layerParameters(s, 0) + (moe ? moe * layerParameters(s, s.layers - 1) : 0);
@@ -780,6 +790,34 @@
     return estimate(headFlops(s, b * seqLen), "head_", s.hidden, b * seqLen, gpu);
   }
 
+  // port of costs.moe_dense_costs: one GPU's share (of split) of an MoE layer's attention, router and shared experts
+  function moeDenseCosts(s, gpu, b, seqLen, split) {
+    var tokens = b * seqLen, w = attentionWidths(s), q = w[0], out = w[3];
+    var products = 2.0 * tokens * (attentionParameters(s) + s.shared_experts * mlpParameters(s, s.expert_ffn)) +
+      2.0 * tokens * s.hidden * s.experts;
+    var attention = tokens * seqLen * (q + out);
+    var f = {F: products + attention, I: products + DATA.attention_backward * attention, W: products};
+    return estimate({F: f.F / split, I: f.I / split, W: f.W / split}, "", s.hidden, tokens, gpu);
+  }
+
+  // port of costs.expert_rows_factor: DATA.expert_gemm_tflops = [[rows, TFLOPS of shape 1, of shape 2], ...]
+  function expertRowsFactor(rows) {
+    var tab = DATA.expert_gemm_tflops, big = tab[tab.length - 1];
+    var pts = tab.map(function (r) { return [Math.log2(r[0]), (r[1] / big[1] + r[2] / big[2]) / 2]; });
+    var x = Math.log2(Math.max(rows, tab[0][0]));
+    if (x >= pts[pts.length - 1][0]) return 1;
+    for (var i = 0; i + 1 < pts.length; i++)
+      if (x <= pts[i + 1][0]) return pts[i][1] + (pts[i + 1][1] - pts[i][1]) * (x - pts[i][0]) / (pts[i + 1][0] - pts[i][0]);
+    return 1;
+  }
+
+  // port of costs.expert_costs: one GPU's routed experts, `copies` token copies, `perExpert` to each
+  function expertCosts(s, gpu, copies, perExpert, etp) {
+    var products = 2.0 * copies * mlpParameters(s, s.expert_ffn) / etp, rows = expertRowsFactor(perExpert);
+    var c = estimate({F: products, I: products, W: products}, "", s.hidden, perExpert, gpu);
+    return {F: c.F / rows, I: c.I / rows, W: c.W / rows, measured: false};
+  }
+
   // --- search.py ------------------------------------------------------------------------------------------------------
   // Python's round(): half to even
   function pyRound(x) {
@@ -794,14 +832,15 @@
   function label(L) {
     var pipe = L.schedule === NO_PIPELINE ? "no pipeline" : L.schedule + " p=" + L.p + (L.v > 1 ? " v=" + L.v : "");
     var ends = L.balance === "ends" && L.p > 1 ? " ends" : "";
-    var ep = (L.ep || 1) > 1 ? " ep=" + L.ep : "", cp = (L.cp || 1) > 1 ? " cp=" + L.cp : "";
+    var ep = ((L.ep || 1) > 1 ? " ep=" + L.ep : "") + ((L.etp || 1) > 1 ? " etp=" + L.etp : "");
+    var cp = (L.cp || 1) > 1 ? " cp=" + L.cp : "";
     return "tp=" + L.tp + cp + " " + pipe + ends + " dp=" + L.dp + ep + " " + L.sharding + " b=" + L.b + " m=" + L.m +
       " recompute=" + L.recompute;
   }
 
-  function layout(tp, p, dp, schedule, v, b, m, sharding, recompute, balance, ep, cp) {
+  function layout(tp, p, dp, schedule, v, b, m, sharding, recompute, balance, ep, cp, etp) {
     return {tp: tp, p: p, dp: dp, schedule: schedule, v: v, b: b, m: m, sharding: sharding, recompute: recompute,
-      balance: balance || "even", ep: ep || 1, cp: cp || 1};
+      balance: balance || "even", ep: ep || 1, cp: cp || 1, etp: etp || 1};
   }
 
   function usableBytes(req) { return req.gpu.memory_gb * GB * (1 - req.headroom); }
@@ -876,12 +915,24 @@
     });
   };
 
-  // port of expert_parallel_sizes
-  Planner.prototype.expertParallelSizes = function (dp) {
-    var s = this.req.model, opts = this.req.eps.length ? this.req.eps : [];
+  // port of expert_parallel_sizes: those dividing the experts whose ep x etp divides tp x cp x dp
+  Planner.prototype.expertParallelSizes = function (dp, tp, cp, etp) {
+    var s = this.req.model, opts = this.req.eps.length ? this.req.eps : [], ranks = (tp || 1) * (cp || 1) * dp;
+    etp = etp || 1;
     if (!isMoe(s)) return [1];
-    if (!opts.length) for (var e = 1; e <= dp; e++) opts.push(e);
-    return opts.filter(function (e) { return dp % e === 0 && s.experts % e === 0; });
+    if (!opts.length) for (var e = 1; e <= Math.floor(ranks / etp); e++) opts.push(e);
+    return opts.filter(function (e) { return s.experts % e === 0 && ranks % (e * etp) === 0; });
+  };
+
+  // port of expert_layouts: the [ep, etp] Megatron-Core's MoE parallel folding lays over tp x cp x dp
+  Planner.prototype.expertLayouts = function (tp, cp, dp) {
+    var self = this, req = this.req, s = req.model, out = [];
+    if (!isMoe(s)) return [[1, 1]];
+    var etps = req.etps.length ? req.etps : (tp === 1 ? [1] : [1, tp]);
+    etps.filter(function (e) { return e <= req.gpus_per_node && s.expert_ffn % e === 0; }).forEach(function (etp) {
+      self.expertParallelSizes(dp, tp, cp, etp).forEach(function (ep) { out.push([ep, etp]); });
+    });
+    return out;
   };
 
   // port of stages_per_rank_tried
@@ -905,7 +956,8 @@
         if (!pipelineSize(req, ranks, p)) continue;
         var dp = ranks / p;
         if (req.dps.length && req.dps.indexOf(dp) < 0) continue;
-        self.expertParallelSizes(dp).forEach(function (ep) {
+        self.expertLayouts(tp, cp, dp).forEach(function (pair) {
+          var ep = pair[0], etp = pair[1];
           bs.forEach(function (b) {
             if (req.global_batch % (dp * b)) return;
             var m = req.global_batch / (dp * b);
@@ -916,7 +968,7 @@
                 (dp > 1 ? req.shardings : ["none"]).forEach(function (sharding) {
                   req.recomputes.forEach(function (recompute) {
                     (p > 1 ? req.balances : ["even"]).forEach(function (balance) {
-                      out.push(layout(tp, p, dp, name, v, b, m, sharding, recompute, balance, ep, cp));
+                      out.push(layout(tp, p, dp, name, v, b, m, sharding, recompute, balance, ep, cp, etp));
                     });
                   });
                 });
@@ -1087,11 +1139,52 @@
     return (ep - 1) * req.inter.latency + Math.max(within, across);
   };
 
+  // port of expert_load: the busiest expert-parallel rank's tokens over the mean
+  function expertLoad(req) {
+    return req.capacity_factor > 0 ? Math.min(req.moe_imbalance, req.capacity_factor) : req.moe_imbalance;
+  }
+
+  // port of remote_nodes: other nodes a token's top_k experts are on, on average
+  function remoteNodes(experts, topK, nodes) {
+    if (nodes <= 1) return 0;
+    var perNode = experts / nodes, miss = 1;
+    for (var i = 0; i < topK; i++) miss *= Math.max(0, (experts - perNode - i) / (experts - i));
+    return (nodes - 1) * (1 - miss);
+  }
+
+  // port of deepep_seconds: a token crosses once to each other node its experts are on
+  Planner.prototype.deepepSeconds = function (nbytes, ep, stride) {
+    var req = this.req, s = req.model;
+    if (ep * stride <= req.gpus_per_node || ep <= 1) return this.alltoallSeconds(nbytes, ep, stride);
+    var local = Math.max(1, Math.floor(req.gpus_per_node / stride)), nodes = Math.floor(ep / local);
+    var within = nbytes * (local - 1) / ep / req.intra.bandwidth;
+    var across = nbytes / s.top_k * remoteNodes(s.experts, s.top_k, nodes) / req.inter.bandwidth;
+    return (nodes - 1) * req.inter.latency + (local - 1) * req.intra.latency + Math.max(within, across);
+  };
+
+  // port of moe_layer_seconds: one MoE layer on the busiest GPU, one microbatch
+  Planner.prototype.moeLayerSeconds = function (tp, cp, b, ep, etp) {
+    var self = this;
+    return this.cached("moelayer", [tp, cp, b, ep, etp].join("|"), function () {
+      var req = self.req, s = req.model, gpu = req.gpu, dt = recipe(req.recipe).activation_bytes, load = expertLoad(req);
+      var dense = moeDenseCosts(s, gpu, b, req.seq_len, tp * cp);
+      var own = b * req.seq_len / (tp * cp), copies = own * s.top_k * etp * load;
+      var experts = expertCosts(s, gpu, copies, copies * ep / s.experts, etp);
+      var sent = expertDispatchBytes(b, req.seq_len, s.hidden, s.top_k, dt, tp) / cp * load;
+      var dispatch = 2 * (req.dispatcher === "deepep" ? self.deepepSeconds(sent, ep, etp) : self.alltoallSeconds(sent, ep, etp));
+      if (etp > 1) dispatch += 2 * linkGather(etp <= req.gpus_per_node ? req.intra : req.inter, etp * sent, etp);
+      var tpPart = 0;
+      if (tp > 1) tpPart = linkAllreduce(req.intra, boundaryBytes(b, req.seq_len, s.hidden, dt) / cp, tp) * (s.shared_experts ? 2 : 1);
+      return {compute_F: dense.F + experts.F, compute_I: dense.I + experts.I, compute_W: dense.W + experts.W,
+        dispatch: dispatch, tp: tpPart};
+    });
+  };
+
   // port of _stage_costs: the per-microbatch seconds of each stage's F, I, W and B under layout L
   Planner.prototype.costsOf = function (L) {
     return this.stageCosts(L.tp, numStages(L), L.balance, L.b, L.recompute, L.ep || 1,
                            OVERLAPS_ALL_TO_ALL.indexOf(L.schedule) >= 0 && !!this.req.overlap_f_b, this.torchSplitBackward(L),
-                           L.cp || 1);
+                           L.cp || 1, L.etp || 1);
   };
 
   // port of context_parallel_seconds: [forward, backward] seconds context parallelism adds to one layer and microbatch
@@ -1106,34 +1199,40 @@
     return [gather, gather * (recompute === "full" ? 3 : 2)];
   };
 
-  Planner.prototype.stageCosts = function (tp, nStagesValue, balance, b, recompute, ep, overlap, split, cp) {
+  Planner.prototype.stageCosts = function (tp, nStagesValue, balance, b, recompute, ep, overlap, split, cp, etp) {
     var self = this;
-    ep = ep || 1; overlap = !!overlap; split = !!split; cp = cp || 1;
-    return this.cached("stagecosts", [tp, nStagesValue, balance, b, recompute, ep, overlap, split, cp].join("|"), function () {
+    ep = ep || 1; overlap = !!overlap; split = !!split; cp = cp || 1; etp = etp || 1;
+    return this.cached("stagecosts", [tp, nStagesValue, balance, b, recompute, ep, overlap, split, cp, etp].join("|"), function () {
       var req = self.req, s = req.model, layers = self.layersOf(nStagesValue, balance);
       var dense = layerCosts(s, req.gpu, b, req.seq_len, false, req.measured_costs);
-      var moe = isMoe(s) ? layerCosts(s, req.gpu, b, req.seq_len, true, req.measured_costs) : dense;
       var head = headCosts(s, req.gpu, b, req.seq_len, req.measured_costs);
       var estimated = !(dense.measured && head.measured);
       var actBytes = recipe(req.recipe).activation_bytes, tpHalf = 0;
       if (tp > 1) tpHalf = 2 * linkAllreduce(req.intra, boundaryBytes(b, req.seq_len, s.hidden, actBytes) / cp, tp);
-      var a2a = isMoe(s) && ep > 1 ?
-        2 * self.alltoallSeconds(expertDispatchBytes(b, req.seq_len, s.hidden, s.top_k, actBytes, tp) / cp, ep, tp) : 0;
       var cpFB = self.contextParallelSeconds(b, tp, cp, recompute), cpF = cpFB[0], cpB = cpFB[1];
-      var withA2a = function (compute, isM) { return isM ? compute + a2a : compute; };
-      var redo = {false: {none: 0, full: dense.F, selective: dense.F * self.selectiveShare(false)},
-        true: {none: 0, full: moe.F, selective: moe.F * self.selectiveShare(true)}};
+      var redo = {none: 0, full: dense.F, selective: dense.F * self.selectiveShare(false)};
       var out = {}, n = layers.length, perGroup = split && recompute === "full";
-      var groups = {false: blockWeightGroups(s, false), true: blockWeightGroups(s, true)};
+      // one layer's seconds per pass [F, I, W, W with recomputation per group], dense and MoE (moeLayerSeconds)
+      var groups = blockWeightGroups(s, false), a2a = 0, perLayer = {};
+      perLayer[false] = [(dense.F / (tp * cp) + tpHalf) + cpF, ((dense.I + redo[recompute]) / (tp * cp) + tpHalf) + cpB,
+        (dense.W + 0) / (tp * cp), (dense.W + (perGroup ? groups * dense.F : 0)) / (tp * cp)];
+      if (isMoe(s)) {
+        var moe = self.moeLayerSeconds(tp, cp, b, ep, etp);
+        a2a = moe.dispatch;
+        var comm = moe.tp + a2a, groupsMoe = blockWeightGroups(s, true);
+        var redoMoe = {none: 0, full: moe.compute_F + a2a, selective: moe.compute_F * self.selectiveShare(true)}[recompute];
+        perLayer[true] = [moe.compute_F + comm + cpF, moe.compute_I + redoMoe + comm + cpB, moe.compute_W,
+          moe.compute_W + (perGroup ? groupsMoe * moe.compute_F : 0)];
+      }
       layers.forEach(function (owned, st) {
         var f = 0, i = 0, w = 0, nMoe = countMoe(s, owned);
         [[false, owned.length - nMoe], [true, nMoe]].forEach(function (pair) {
           var isM = pair[0], count = pair[1];
           if (count) {
-            var c = isM ? moe : dense;
-            f += count * (withA2a(c.F / (tp * cp) + tpHalf, isM) + cpF);
-            i += count * (withA2a((c.I + redo[isM][recompute]) / (tp * cp) + tpHalf, isM) + cpB);
-            w += count * ((c.W + (perGroup && st > 0 ? groups[isM] * c.F : 0)) / (tp * cp));
+            var c = perLayer[isM];
+            f += count * c[0];
+            i += count * c[1];
+            w += count * (st > 0 ? c[3] : c[2]);
           }
         });
         if (st === n - 1) { f = f + head.F / (tp * cp); i = i + head.I / (tp * cp); w = w + head.W / (tp * cp); }
@@ -1154,10 +1253,10 @@
     return req.sequence_parallel ? whole / tp : whole;
   };
 
-  Planner.prototype.tables = function (nStagesValue, balance, b, recompute, tp, cp) {
+  Planner.prototype.tables = function (nStagesValue, balance, b, recompute, tp, cp, etp) {
     var self = this;
-    cp = cp || 1;
-    return this.cached("tables", [nStagesValue, balance, b, recompute, tp, cp].join("|"), function () {
+    cp = cp || 1; etp = etp || 1;
+    return this.cached("tables", [nStagesValue, balance, b, recompute, tp, cp, etp].join("|"), function () {
       var req = self.req, s = req.model, layers = self.layersOf(nStagesValue, balance);
       var dt = recipe(req.recipe).activation_bytes, tokens = b * req.seq_len, n = layers.length;
       var whole = (req.sequence_parallel || tp === 1) ? 0 :
@@ -1166,7 +1265,8 @@
       var t = {per_mb: [], residual: [], params: [], block_params: [], blocks: [], experts: []};
       layers.forEach(function (owned, st) {
         t.per_mb.push(stageActivationBytes(s, owned, tokens, st === 0, st === n - 1, dt, req.kernels, recompute, req.seq_len) / (tp * cp) +
-          owned.length * whole / cp + heldIoBytes(boundary, st === 0, st === n - 1, req.stage_io));
+          owned.length * whole / cp + heldIoBytes(boundary, st === 0, st === n - 1, req.stage_io) +
+          self.moeActivationBytes(owned, tokens, recompute, tp, cp, etp));
         t.residual.push(owned.length * valuesBytes(blockResidualValues(s), tokens, dt) / (tp * cp));
         t.params.push(stageParameters(s, owned, st === 0, st === n - 1) / tp);
         t.block_params.push(stageParameters(s, owned, false, false) / tp);
@@ -1179,17 +1279,17 @@
     });
   };
 
-  Planner.prototype.rankActivations = function (schedule, p, m, v, b, balance, recompute, tp, cp) {
+  Planner.prototype.rankActivations = function (schedule, p, m, v, b, balance, recompute, tp, cp, etp) {
     var self = this;
-    cp = cp || 1;
-    return this.cached("rankacts", [schedule, p, m, v, b, balance, recompute, tp, cp].join("|"), function () {
+    cp = cp || 1; etp = etp || 1;
+    return this.cached("rankacts", [schedule, p, m, v, b, balance, recompute, tp, cp, etp].join("|"), function () {
       var req = self.req, s = req.model;
       var nS = p * (schedule === NO_PIPELINE ? 1 : stagesPerRank(schedule, v));
-      var t = self.tables(nS, balance, b, recompute, tp, cp);
+      var t = self.tables(nS, balance, b, recompute, tp, cp, etp);
       var dt = recipe(req.recipe).activation_bytes, tokens = b * req.seq_len;
       var split = SPLIT_BACKWARD.indexOf(schedule) >= 0;
       var logits = logitsBytes(s, tokens, dt) / (tp * cp), lossBwd = lossBackwardBytes(s, tokens) / (tp * cp);
-      var transient = self.transient(b, recompute, tp, cp);
+      var transient = self.transient(b, recompute, tp, cp, etp);
       var ms = simulatedMs(layout(tp, p, 1, schedule, v, b, m, "none", recompute, balance));
       var peaks = ms.map(function (mm) { return self.inFlight(schedule, p, mm, v); });
       var out = [];
@@ -1211,12 +1311,26 @@
     });
   };
 
+  // port of _moe_fp8_activation_bytes (bf16: the experts on the busiest GPU, gathered over etp)
+  Planner.prototype.moeActivationBytes = function (owned, tokens, recompute, tp, cp, etp) {
+    var req = this.req, s = req.model;
+    if (!isMoe(s)) return 0;
+    var nMoe = countMoe(s, owned);
+    if (!nMoe) return 0;
+    return nMoe * (tokens / (tp * cp)) * expertActivationExtra(s, req.kernels, recompute, etp, expertLoad(req)) *
+      recipe(req.recipe).activation_bytes;
+  };
+
+  // port of expert_share and edp_size: the share of a stage's experts (over tp) a GPU holds, the experts' dp size
+  function expertShare(L) { return L.tp / ((L.etp || 1) * (L.ep || 1)); }
+  function edpSize(L) { return L.tp * (L.cp || 1) * L.dp / ((L.etp || 1) * (L.ep || 1)); }
+
   // port of _rank_state: {params (outside the routed experts), experts (this GPU's), state}
   Planner.prototype.rankState = function (L, t, stages) {
-    var params = 0, experts = 0, blocks = 0, inBlocks = 0, ep = L.ep || 1, r = recipe(this.req.recipe);
+    var params = 0, experts = 0, blocks = 0, inBlocks = 0, share = expertShare(L), r = recipe(this.req.recipe);
     stages.forEach(function (s) { params += t.params[s]; });
     stages.forEach(function (s) { experts += t.experts[s]; });
-    var dense = params - experts, local = experts / ep, g = [0, 0];
+    var dense = params - experts, local = experts * share, g = [0, 0];
     if (L.sharding === "fsdp") {
       var pipelined = L.p > 1;
       stages.forEach(function (s) { blocks += t.blocks[s]; });
@@ -1225,7 +1339,7 @@
       g = fsdpGathered(inBlocks / blocks, dense + local - inBlocks, blocks, pipelined,
                        reshardsAfterForward(this.req.fsdp_reshard, pipelined));
       if (pipelined && stages.length > MAX_ACTIVE_STAGES) {
-        var sizes = stages.map(function (s) { return fsdpShare(t, s, ep); }).sort(function (a, b) { return b - a; });
+        var sizes = stages.map(function (s) { return fsdpShare(t, s, share); }).sort(function (a, b) { return b - a; });
         g[0] = 0;
         for (var k = 0; k < MAX_ACTIVE_STAGES; k++) g[0] += sizes[k];
       }
@@ -1233,24 +1347,24 @@
     var dp = L.dp * (L.cp || 1);  // the state is sharded over dp x cp
     var state = stateBytes(dense, r, L.sharding, dp, g[0], g[1]);
     if (local) {
-      var own = stateBytes(local, r, L.sharding, dp / ep);
+      var own = stateBytes(local, r, L.sharding, edpSize(L));
       state = {parameters: state.parameters + own.parameters, gradients: state.gradients + own.gradients,
         optimizer: state.optimizer + own.optimizer};
     }
     return {params: dense, experts: local, state: state};
   };
 
-  function fsdpShare(t, s, ep) { return t.params[s] - t.experts[s] + t.experts[s] / ep; }
+  function fsdpShare(t, s, share) { return t.params[s] - t.experts[s] + t.experts[s] * share; }
 
   // port of fsdp_gathers_factor: how many times over a pipeline rank all-gathers its parameters per step
   Planner.prototype.fsdpGathersFactor = function (L, t, rank) {
-    var self = this, ep = L.ep || 1, stages = this.owned(L, rank), groups = {}, total = 0;
+    var self = this, share = expertShare(L), stages = this.owned(L, rank), groups = {}, total = 0;
     var reshard = reshardsAfterForward(this.req.fsdp_reshard, true);
     stages.forEach(function (s) {
-      var root = t.params[s] - t.block_params[s], inBlocks = fsdpShare(t, s, ep) - root, blocks = [];
+      var root = t.params[s] - t.block_params[s], inBlocks = fsdpShare(t, s, share) - root, blocks = [];
       for (var b = 0; b < t.blocks[s]; b++) blocks.push(inBlocks / t.blocks[s]);
       groups[s] = {blocks: blocks, root: root};
-      total += fsdpShare(t, s, ep);
+      total += fsdpShare(t, s, share);
     });
     var points = simulatedMs(L).map(function (mm) {
       var key = [L.schedule, L.p, mm, L.v, rank, reshard, JSON.stringify(groups)].join("|");
@@ -1263,9 +1377,14 @@
   };
 
   // port of _transient: one layer's recomputation (its 1/cp share) and the keys and values context parallelism gathers
-  Planner.prototype.transient = function (b, recompute, tp, cp) {
+  Planner.prototype.transient = function (b, recompute, tp, cp, etp) {
     var req = this.req, dt = recipe(req.recipe).activation_bytes;
     var out = recomputeTransientBytes(req.model, b * req.seq_len, dt, req.kernels, recompute, req.seq_len) / (tp * cp);
+    if (recompute !== "none" && isMoe(req.model)) {  // what the rebuilt layer keeps beyond it (bf16: the experts)
+      var layer = [req.model.layers - 1];
+      out += this.moeActivationBytes(layer, b * req.seq_len, "none", tp, cp, etp || 1) -
+        this.moeActivationBytes(layer, b * req.seq_len, recompute, tp, cp, etp || 1);
+    }
     if (cp > 1) {
       var w = attentionWidths(req.model);
       out += b * req.seq_len * (w[1] + w[2]) / tp * dt;
@@ -1274,9 +1393,9 @@
   };
 
   Planner.prototype.memoryFloor = function (L) {
-    var t = this.tables(numStages(L), L.balance, L.b, L.recompute, L.tp, L.cp || 1), stages = this.owned(L, 0);
+    var t = this.tables(numStages(L), L.balance, L.b, L.recompute, L.tp, L.cp || 1, L.etp || 1), stages = this.owned(L, 0);
     var st = this.rankState(L, t, stages);
-    var transient = this.transient(L.b, L.recompute, L.tp, L.cp || 1);
+    var transient = this.transient(L.b, L.recompute, L.tp, L.cp || 1, L.etp || 1);
     var minAct = Math.min.apply(null, stages.map(function (s) { return t.per_mb[s]; }));
     return total3(st.state) + Math.min(L.m, L.p) * minAct + transient;
   };
@@ -1284,7 +1403,7 @@
   // port of rank_memory: per pipeline rank {rank, stages, parameters, gradients, optimizer, activations, logits, total}
   Planner.prototype.rankMemory = function (L) {
     var req = this.req, t = this.tables(numStages(L), L.balance, L.b, L.recompute, L.tp);
-    var held = this.rankActivations(L.schedule, L.p, L.m, L.v, L.b, L.balance, L.recompute, L.tp, L.cp || 1), out = [];
+    var held = this.rankActivations(L.schedule, L.p, L.m, L.v, L.b, L.balance, L.recompute, L.tp, L.cp || 1, L.etp || 1), out = [];
     var boundary = this.stageBoundaryBytes(L.b, L.tp, L.cp || 1), n = numStages(L);
     for (var rank = 0; rank < L.p; rank++) {
       var stages = this.owned(L, rank), st = this.rankState(L, t, stages).state, buffers = 0;
@@ -1302,7 +1421,7 @@
     if (L.dp === 1) return [0, 0];
     var r = recipe(req.recipe), link = L.dp * L.tp <= req.gpus_per_node ? req.intra : req.inter;
     var groups = [[params, L.dp]];
-    if (experts) groups.push([experts, L.dp / (L.ep || 1)]);
+    if (experts) groups.push([experts, edpSize(L)]);
     var allreduce = function (perParam) {
       var t = 0;
       groups.forEach(function (g) { t += linkAllreduce(link, g[0] * perParam, g[1]); });
@@ -1413,7 +1532,7 @@
     }
     var span = extrapolate(ms.map(function (m, k) { return [m, runs[k].span]; }), L.m, bottleneck);
     for (r = 0; r < L.p; r++) end.push(extrapolate(ms.map(function (m, k) { return [m, runs[k].ends[r]]; }), L.m, bottleneck));
-    var step = 0, exposedWorst = 0, trafficWorst = 0;
+    var step = 0, exposedWorst = 0, trafficWorst = 0, critical = {};
     var t = this.tables(numStages(L), L.balance, L.b, L.recompute, L.tp);
     // gradients are reduced, and state sharded, over the dp x cp GPUs that hold the same parameters
     var replicas = Object.assign({}, L, {dp: L.dp * (L.cp || 1), cp: 1});
@@ -1424,6 +1543,8 @@
       var gathers = L.sharding === "fsdp" && L.p > 1 ? this.fsdpGathersFactor(L, t, r) : 1;
       var te = this.dpExposed(replicas, rs.params, busy[r], lastBackward, firstForward, rs.experts, gathers);
       var opt = this.optimizerSeconds(rs.params, replicas, rs.experts);
+      // the rank that finishes last sets the step: keep its parts
+      if (end[r] + te[1] + opt > step) critical = {rank: r, end_s: end[r], busy_s: busy[r], dp_exposed_s: te[1], optimizer_s: opt};
       step = Math.max(step, end[r] + te[1] + opt);
       exposedWorst = Math.max(exposedWorst, te[1]); trafficWorst = Math.max(trafficWorst, te[0]);
       pred.optimizer_s = Math.max(pred.optimizer_s, opt);
@@ -1435,19 +1556,20 @@
     pred.tokens_per_s_per_gpu = req.global_batch * req.seq_len / step / req.gpus;
     pred.mfu = pred.tokens_per_s_per_gpu * this.modelFlopsPerToken() / (req.gpu.bf16_tflops * 1e12);
     pred.dp_traffic_s = trafficWorst;
+    pred.critical = critical;
     return pred;
   };
 
   Planner.prototype.optimizerSeconds = function (params, L, experts) {
     var r = recipe(this.req.recipe), sharded = L.sharding !== "none";
     experts = experts || 0;
-    var share = (sharded ? params / L.dp : params) + (sharded ? experts / (L.dp / (L.ep || 1)) : experts);
+    var share = (sharded ? params / L.dp : params) + (sharded ? experts / edpSize(L) : experts);
     return share * (r.grad_bytes + 2 * r.optimizer_bytes + r.weight_bytes) / (this.req.gpu.hbm_tb_s * 1e12);
   };
 
   Planner.prototype.busiest = function (L) {
     var self = this, key = [L.schedule, L.p, L.v, numStages(L), L.balance, L.b, L.recompute, L.tp, L.ep || 1,
-                            L.cp || 1].join("|");
+                            L.cp || 1, L.etp || 1].join("|");
     return this.cached("busiest", key, function () {
       var sc = self.costsOf(L).costs;
       var split = SPLIT_BACKWARD.indexOf(L.schedule) >= 0, worst = -Infinity;
@@ -1527,7 +1649,8 @@
 
   // port of plan.runs_on
   Planner.prototype.runsOn = function (L, kind) {
-    var fw = DATA.export.frameworks[kind];
+    var fw = DATA.export.frameworks[kind], experts = expertsProblem(L, kind);
+    if (experts) return experts;
     if (fw.schedules.indexOf(L.schedule) < 0) return kind + " runs no " + L.schedule + " schedule";
     if (fw.shardings.indexOf(L.sharding) < 0) return kind + " has no " + L.sharding + " sharding";
     if (kind === "torchtitan" && this.req.overlap_f_b && L.schedule === "DualPipeV" && (L.ep || 1) > 1)
@@ -1538,6 +1661,12 @@
     if (fw.recomputes.indexOf(L.recompute) < 0)
       return kind + "'s selective recomputation (core attention only, by default) keeps about twice the " +
         "activations of the op-level policy the planner counts";
+    if (kind === "megatron") {
+      if (this.req.model.position === "alibi") return "Megatron-LM has no ALiBi position embedding";
+      if (!(this.req.model.mlp in DATA.export.megatron_mlp)) return "Megatron-LM's command line has no " + this.req.model.mlp + " MLP";
+      var optimizer = this.req.optimizer || "adamw";
+      if (!(optimizer in DATA.export.megatron_optimizer)) return "Megatron-LM has no " + optimizer + " optimizer";
+    }
     if (kind === "megatron" && L.p > 1) {
       if (L.balance === "ends" && numStages(L) > L.p)
         return "Megatron-LM lightens the first and last pipeline ranks, not stages, under interleaving";
@@ -1550,18 +1679,31 @@
     return null;
   };
 
+  // port of plan.experts_problem: torchtitan 0.3.0 borrows ep from dp_shard x cp x tp and has no expert tensor parallelism
+  function expertsProblem(L, kind) {
+    var ep = L.ep || 1, etp = L.etp || 1, cp = L.cp || 1;
+    if (kind !== "torchtitan" || (ep === 1 && etp === 1)) return null;
+    if (ep > 1 && etp > 1) return "torchtitan 0.3.0 has no expert tensor parallelism beside expert parallelism (etp " + etp + "): use etp 1";
+    if (ep === 1 && etp !== 1 && etp !== L.tp) return "torchtitan 0.3.0 splits the experts over all tp " + L.tp + " GPUs or none (etp " + etp + ")";
+    var shard = L.sharding === "fsdp" ? L.dp : 1;
+    if ((shard * cp * L.tp) % ep)
+      return "torchtitan 0.3.0 borrows ep " + ep + " from dp_shard x cp x tp = " + shard * cp * L.tp +
+        " (its replicated data parallelism stays outside): use sharding fsdp or a smaller ep";
+    return null;
+  }
+
   // port of plan.torchtitan_args
   Planner.prototype.torchtitanArgs = function (L) {
-    var req = this.req, fl = L.balance === "ends" && L.p > 1 ? this.endWeights() : [0, 0], notes = [];
-    var args = ["--parallelism.data_parallel_replicate_degree " + (L.sharding === "none" ? L.dp : 1),
+    var req = this.req, ex = DATA.export, fl = L.balance === "ends" && L.p > 1 ? this.endWeights() : [0, 0], notes = [];
+    var args = ex.torchtitan_overrides.slice();
+    args.push("--parallelism.data_parallel_replicate_degree " + (L.sharding === "none" ? L.dp : 1),
       "--parallelism.data_parallel_shard_degree " + (L.sharding === "fsdp" ? L.dp : 1),
       "--parallelism.fsdp_reshard_after_forward " + req.fsdp_reshard,
-      "--parallelism.tensor_parallel_degree " + L.tp];
+      "--parallelism.tensor_parallel_degree " + L.tp);
     if (L.tp > 1) args.push(req.sequence_parallel ? "--parallelism.enable_sequence_parallel"
                                                   : "--parallelism.no-enable_sequence_parallel");
-    args.push("--parallelism.pipeline_parallel_degree " + L.p);
-    if ((L.cp || 1) > 1) args.push("--parallelism.context_parallel_degree " + L.cp);
-    if ((L.ep || 1) > 1) args.push("--parallelism.expert_parallel_degree " + L.ep);
+    args.push("--parallelism.context_parallel_degree " + (L.cp || 1), "--parallelism.expert_parallel_degree " + (L.ep || 1),
+              "--parallelism.pipeline_parallel_degree " + L.p);
     if (L.p > 1) {
       args.push("--parallelism.pipeline_parallel_schedule " + L.schedule,
                 "--parallelism.pipeline_parallel_microbatch_size " + L.b,
@@ -1583,39 +1725,109 @@
     args.push("--training.local_batch_size " + (L.p > 1 ? L.b * L.m : L.b),
               "--training.global_batch_size " + req.global_batch, "--training.seq_len " + req.seq_len,
               "activation-checkpoint:" + L.recompute);
+    var logits = 0;
+    this.rankMemory(L).forEach(function (r) { logits = Math.max(logits, r.logits); });
+    notes.push("kept from the registry entry: its optimizer (AdamW) and learning-rate schedule, checkpoints every " +
+      ex.torchtitan_checkpoint_interval + " steps under <OUTPUT_DIR>/checkpoint, and its loss chunked along the sequence " +
+      "(ChunkedLossWrapper, " + ex.torchtitan_loss_chunks + " chunks), which holds about 1/" + ex.torchtitan_loss_chunks +
+      " of the logits the planner counts" + (logits ? " (" + (logits / GB).toFixed(1) + " GB on the GPU that holds the most)" : "") +
+      ": the job needs less memory than printed (--loss.num_chunks 1 holds them whole, as counted)");
+    if (req.recipe !== "bf16")
+      notes.push("torchtitan's FSDP keeps float32 master weights and reduces gradients in float32 (the bf16 recipe); " +
+        "the planner counted --recipe " + req.recipe);
+    var precision = req.precision || "bf16", optimizer = req.optimizer || "adamw";
+    if (precision in ex.torchtitan_precision_notes) notes.push(ex.torchtitan_precision_notes[precision]);
+    if (optimizer !== "adamw")
+      notes.push("the planner counted the state of " + optimizer + "; the registry entry runs AdamW: set yours in it");
+    return [args, notes];
+  };
+
+  // port of plan.megatron_model_args: the model's shape as Megatron-LM's command line gives it
+  Planner.prototype.megatronModelArgs = function () {
+    var req = this.req, m = req.model, notes = [], mla = isMla(m);
+    var args = ["--num-layers " + m.layers, "--hidden-size " + m.hidden, "--num-attention-heads " + m.heads];
+    if (m.kv_heads !== m.heads && !mla) args.push("--group-query-attention", "--num-query-groups " + m.kv_heads);
+    if (m.head_dim && m.head_dim !== Math.floor(m.hidden / m.heads) && !mla) args.push("--kv-channels " + m.head_dim);
+    args.push("--ffn-hidden-size " + m.ffn);
+    var positions = Math.max(req.seq_len, m.max_positions);
+    args.push("--seq-length " + req.seq_len, "--max-position-embeddings " + positions);
+    if (m.position === "learned" && positions !== m.max_positions)
+      notes.push("Megatron-LM needs --max-position-embeddings of at least --seq-length: " + positions +
+        " learned positions, where the model has " + m.max_positions);
+    args = args.concat(DATA.export.megatron_mlp[m.mlp]);
+    if (m.norm === "rms") args.push("--normalization RMSNorm");
+    if (m.position === "rope") args.push("--position-embedding-type rope", "--rotary-base <ROPE_BASE>");
+    else args.push("--position-embedding-type learned_absolute");
+    if (!m.bias) {
+      args.push("--disable-bias-linear");
+      if (m.qkv_bias) args.push("--add-qkv-bias");
+    }
+    if (!m.tied) args.push("--untie-embeddings-and-output-weights");
+    args.push("--attention-dropout 0.0", "--hidden-dropout 0.0");
+    if (mla) {
+      args.push("--multi-latent-attention", "--kv-lora-rank " + m.kv_lora_rank, "--qk-head-dim " + m.qk_nope_dim,
+                "--qk-pos-emb-head-dim " + m.qk_rope_dim, "--v-head-dim " + m.v_head_dim);
+      if (m.q_lora_rank) args.push("--q-lora-rank " + m.q_lora_rank);
+    }
+    if (isMoe(m)) {
+      args.push("--num-experts " + m.experts, "--moe-router-topk " + m.top_k, "--moe-ffn-hidden-size " + m.expert_ffn);
+      args = args.concat(DATA.export.megatron_dispatcher[req.dispatcher || "alltoall"]);
+      args.push("--moe-grouped-gemm");
+      if (req.capacity_factor > 0) args.push("--moe-expert-capacity-factor " + String(req.capacity_factor));  // Python's :g for such values
+      if (m.shared_experts) args.push("--moe-shared-expert-intermediate-size " + m.shared_experts * m.expert_ffn);
+      if (m.dense_layers) args.push("--moe-layer-freq '([0]*" + m.dense_layers + "+[1]*" + (m.layers - m.dense_layers) + ")'");
+      if (m.router_bias) args.push("--moe-router-enable-expert-bias");
+    }
     return [args, notes];
   };
 
   // port of plan.megatron_args
   Planner.prototype.megatronArgs = function (L) {
-    var req = this.req, notes = [];
+    var req = this.req, ex = DATA.export;
     var layers = this.layersOf(numStages(L), L.balance).map(function (x) { return x.length; });
-    var args = ["--tensor-model-parallel-size " + L.tp, "--pipeline-model-parallel-size " + L.p,
-      "--micro-batch-size " + L.b, "--global-batch-size " + req.global_batch, "--seq-length " + req.seq_len, "--bf16"];
+    var out = this.megatronModelArgs(), args = out[0], notes = out[1];
+    args.push("--tensor-model-parallel-size " + L.tp, "--pipeline-model-parallel-size " + L.p);
     if ((L.cp || 1) > 1) args.push("--context-parallel-size " + L.cp);
     if ((L.ep || 1) > 1) args.push("--expert-model-parallel-size " + L.ep);
+    if (isMoe(req.model)) args.push("--expert-tensor-parallel-size " + (L.etp || 1));
     if (numStages(L) > L.p) args.push("--num-virtual-stages-per-pipeline-rank " + numStages(L) / L.p);
     if (L.balance === "ends" && L.p > 1)
       args.push("--decoder-first-pipeline-num-layers " + layers[0], "--decoder-last-pipeline-num-layers " + layers[layers.length - 1]);
     if (L.tp > 1 && req.sequence_parallel) args.push("--sequence-parallel");
-    args = args.concat(DATA.export.megatron_sharding[L.sharding]);
+    args = args.concat(ex.megatron_sharding[L.sharding]);
+    if (L.dp * (L.cp || 1) > 1) args = args.concat(ex.megatron_overlap[L.sharding]);
     if (L.sharding === "zero2" || L.sharding === "fsdp")
       notes.push(L.sharding + ": Megatron-Core's Megatron-FSDP" +
         (L.p > 1 ? "; check that your version runs it with pipeline parallelism" : ""));
     if (L.recompute === "full") args.push("--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1");
+    if (req.kernels === "unfused") args.push("--attention-backend unfused");
+    args.push("--micro-batch-size " + L.b, "--global-batch-size " + req.global_batch, "--bf16");
+    args = args.concat(ex.megatron_precision[req.precision || "bf16"], ex.megatron_optimizer[req.optimizer || "adamw"]);
+    args.push("--train-iters <TRAIN_ITERS>", "--lr <LR>", "--lr-warmup-iters <WARMUP_ITERS>", "--eval-iters 0",
+              "--data-path <DATA_PREFIX>", "--tokenizer-type HuggingFaceTokenizer", "--tokenizer-model <TOKENIZER>",
+              "--save <CHECKPOINT_DIR>", "--load <CHECKPOINT_DIR>", "--save-interval <SAVE_INTERVAL>");
+    var step = ex.megatron_vocab_divisor * L.tp, padded = Math.ceil(req.model.vocab / step) * step;
+    if (padded !== req.model.vocab)
+      notes.push("Megatron-LM pads the vocabulary to " + padded + " (a multiple of " + ex.megatron_vocab_divisor +
+        " x tp), where the planner counts " + req.model.vocab);
+    notes.push("the learning-rate schedule, Adam's betas, weight decay and clipping are Megatron-LM's defaults, " +
+      "and evaluation is off (--eval-iters 0: the planner's time has none): set yours");
     return [args, notes];
   };
 
   // port of plan.export (throws, as the Python raises, where the framework cannot run the layout)
   Planner.prototype.exportText = function (L, kind) {
-    var req = this.req, problem = this.runsOn(L, kind), out, notes, lines;
+    var req = this.req, problem = this.runsOn(L, kind), out, notes, command;
     if (problem) throw new Error("--export " + kind + ": " + problem + " (" + label(L) + ")");
     var ex = DATA.export;
+    var nodes = Math.ceil(req.gpus / req.gpus_per_node), perNode = Math.min(req.gpus, req.gpus_per_node);
+    var torchrun = "torchrun --nnodes " + nodes + " --nproc-per-node " + perNode +
+      (nodes > 1 ? " --rdzv-backend c10d --rdzv-endpoint <HEAD_NODE>:29500" : "");
     if (kind === "torchtitan") {
       out = this.torchtitanArgs(L); notes = out[1];
       var entry = ex.torchtitan_registry[req.model.name], module, config;
       if (!entry) {
-        module = "YOUR_MODULE"; config = "YOUR_ENTRY";
+        module = "<MODULE>"; config = "<CONFIG>";
         notes.unshift("torchtitan " + ex.torchtitan_version + " has no registry entry for " + req.model.name + ": write one (a " +
           "function returning Trainer.Config, as torchtitan/models/llama3/config_registry.py's llama3_70b) and name its " +
           "module and function below");
@@ -1623,19 +1835,325 @@
         module = entry[0]; config = entry[1];
         notes.unshift("torchtitan " + ex.torchtitan_version + " (pip install torchtitan==" + ex.torchtitan_version +
           "; its main branch has renamed fields since): registry entry " + config + ", model flavour " + entry[2]);
+        if (config in ex.torchtitan_entry_notes) notes.splice(1, 0, "the registry entry " + config + " " + ex.torchtitan_entry_notes[config]);
       }
-      var nodes = Math.ceil(req.gpus / req.gpus_per_node), perNode = Math.min(req.gpus, req.gpus_per_node);
-      var head = "torchrun --nnodes " + nodes + " --nproc-per-node " + perNode +
-        (nodes > 1 ? " --rdzv-backend c10d --rdzv-endpoint $HEAD_NODE:29500" : "") +
-        " -m torchtitan.train --module " + module + " --config " + config;
-      lines = [[head].concat(out[0]).join(" \\\n  ")];
+      command = [torchrun + " -m torchtitan.train --module " + module + " --config " + config].concat(out[0]).join(" \\\n  ");
     } else {
       out = this.megatronArgs(L); notes = out[1];
-      notes.unshift("Megatron-LM arguments (megatron-core " + ex.megatron_core_version + "'s names), after your model's own");
-      lines = [out[0].join(" \\\n  ")];
+      notes.unshift("Megatron-LM " + ex.megatron_lm_release + " (git clone --branch " + ex.megatron_lm_release +
+        " https://github.com/NVIDIA/Megatron-LM; run from its root): pretrain_gpt.py with the model's shape, the layout, " +
+        "and the overlap of data-parallel traffic the planner's time assumes");
+      var env = (L.tp > 1 || (L.cp || 1) > 1) && L.sharding !== "zero2" && L.sharding !== "fsdp" ? "CUDA_DEVICE_MAX_CONNECTIONS=1 " : "";
+      command = [env + torchrun + " pretrain_gpt.py"].concat(out[0]).join(" \\\n  ");
     }
-    return notes.map(function (n) { return "# " + n; }).concat(lines).join("\n");
+    var seen = [], re = /<([A-Z_]+)>/g, hit;
+    while ((hit = re.exec(command)) !== null) if (seen.indexOf(hit[1]) < 0) seen.push(hit[1]);
+    notes.splice(1, 0, "fill in " + seen.map(function (n) { return "<" + n + "> " + ex.placeholders[n]; }).join("; "));
+    return notes.map(function (n) { return "# " + n; }).concat([command]).join("\n");
   };
+
+  // --- plan.py's answer: the band, the tie, why the winner wins and when a pipeline pays --------------------
+  // (the bands and their lines are computed by Python, ppbook.planner.calibration, and come in DATA.calibration)
+
+  // port of plan._sig: x to `digits` significant figures (at least the units)
+  function sig(x, digits) {
+    digits = digits || 2;
+    if (x === 0 || !isFinite(x)) return String(x);
+    var decimals = Math.max(0, digits - 1 - Math.floor(Math.log10(Math.abs(x))));
+    return x.toFixed(decimals);
+  }
+  function pct1(x) { return (100 * x).toFixed(1); }
+
+  // port of plan._band: the band of the request's framework and GPU (a GPU that is no preset: every run's)
+  Planner.prototype.band = function () {
+    var c = DATA.calibration, family = c.family[this.req.framework];
+    return c.bands[this.req.gpu.name in family ? family[this.req.gpu.name] : family.other];
+  };
+  function bandStep(band, stepS) { var c = stepS * band.factor; return [c, c * (1 + band.low), c * (1 + band.high)]; }
+
+  // port of plan.tie_slack and plan.tie
+  Planner.prototype.tieSlack = function () { return Math.max(DATA.slack, this.band().high); };
+  Planner.prototype.tie = function (ranked) {
+    if (!ranked.length) return [];
+    var top = ranked[0].step_s * (1 + Math.max(0, this.band().high));
+    return ranked.filter(function (o) { return o.step_s <= top; });
+  };
+  // port of plan.simplicity, roomiest, simplest
+  function simplicity(L) {
+    var cp = L.cp || 1, ep = L.ep || 1;
+    var kinds = (L.p > 1 ? 1 : 0) + (cp > 1 ? 1 : 0) + (ep > 1 ? 1 : 0) + (L.tp > 1 ? 1 : 0);
+    var r = RECOMPUTE.indexOf(L.recompute);
+    return [kinds, numStages(L), L.tp, cp, r < 0 ? 9 : r, SHARDING.indexOf(L.sharding)];
+  }
+  function lexLess(a, b) {
+    for (var i = 0; i < a.length; i++) if (a[i] !== b[i]) return a[i] < b[i];
+    return false;
+  }
+  function minBy(list, key) {
+    var best = list[0], bk = key(best);
+    list.slice(1).forEach(function (o) { var k = key(o); if (lexLess(k, bk)) { best = o; bk = k; } });
+    return best;
+  }
+  function roomiest(tied) { return minBy(tied, function (o) { return [o.peak_bytes, o.step_s]; }); }
+  function simplest(tied) { return minBy(tied, function (o) { return simplicity(o.layout).concat([o.step_s]); }); }
+  function thin(peak, usable) { return peak > usable * (1 - DATA.thin_margin); }
+  Planner.prototype.freePct = function (o) { return 100 * (1 - o.peak_bytes / usableBytes(this.req)); };
+
+  // port of plan.comfortable
+  Planner.prototype.comfortable = function (ranked) {
+    var usable = usableBytes(this.req), roomy = function (o) { return !thin(o.peak_bytes, usable); };
+    var tied = this.tie(ranked).filter(roomy);
+    if (tied.length) return roomiest(tied);
+    var found = ranked.filter(roomy);
+    if (found.length) return found[0];
+    var wider = Object.assign({}, this.req, {headroom: 1 - (1 - this.req.headroom) * (1 - DATA.thin_margin)});
+    var again = new Planner(wider).plan().ranked;
+    return again.length ? this.predict(again[0].layout, true) : null;
+  };
+
+  // port of plan.margin_text
+  Planner.prototype.marginText = function (ranked) {
+    var req = this.req;
+    if (!ranked.length || !thin(ranked[0].peak_bytes, usableBytes(req))) return null;
+    var win = ranked[0];
+    var text = "thin margin: the winner leaves " + this.freePct(win).toFixed(1) + "% of the usable memory free, under the " +
+      (100 * DATA.thin_margin).toFixed(0) + "% the planner's memory model needs to be trusted with";
+    var roomy = this.comfortable(ranked);
+    if (roomy === null) return text + "; no layout leaves more";
+    var which = this.tie(ranked).indexOf(roomy) >= 0 ? "the roomiest tied layout" : "the fastest layout with a comfortable margin";
+    return text + "; " + which + " is " + label(roomy.layout) + ", " + (roomy.peak_bytes / GB).toFixed(1) + " GB (" +
+      this.freePct(roomy).toFixed(0) + "% free), " + pct1(roomy.step_s / win.step_s - 1) + "% longer";
+  };
+
+  // port of plan.step_text and plan.throughput_text
+  function stepText(stepS, band) {
+    var c = bandStep(band, stepS);
+    return sig(c[0]) + " s per step (" + sig(c[1]) + " to " + sig(c[2]) + " s)";
+  }
+  Planner.prototype.throughputText = function (pred, band) {
+    var centre = pred.tokens_per_s_per_gpu / band.factor, low = centre / (1 + band.high), high = centre / (1 + band.low);
+    var mfu = pred.mfu / band.factor;
+    return sig(centre) + " tokens/s per GPU (" + sig(low) + " to " + sig(high) + "), " + (100 * mfu).toFixed(0) +
+      "% MFU (" + (100 * mfu * low / centre).toFixed(0) + " to " + (100 * mfu * high / centre).toFixed(0) + "%)";
+  };
+  function passesText(pred) { return pred.estimated ? "pass times estimated from FLOPs" : "pass times measured on this GPU"; }
+
+  // port of plan.tie_text
+  Planner.prototype.tieText = function (ranked) {
+    var tied = this.tie(ranked), self = this;
+    if (tied.length < 2) return null;
+    var win = ranked[0], b = bandStep(this.band(), win.step_s);
+    var parts = ["a tie: " + tied.length + " layouts are predicted within the winner's band (" + sig(b[1]) + " to " +
+      sig(b[2]) + " s), so the planner cannot rank them"];
+    [["the roomiest", roomiest(tied)], ["the simplest", simplest(tied)]].forEach(function (x) {
+      var name = x[0], o = x[1];
+      var room = ", " + (o.peak_bytes / GB).toFixed(1) + " GB on its fullest GPU (" + self.freePct(o).toFixed(0) + "% free)";
+      var longer = o === win ? "the winner itself" : pct1(o.step_s / win.step_s - 1) + "% longer";
+      parts.push(name + " is " + label(o.layout) + (name === "the roomiest" ? room : "") + ", " + longer);
+    });
+    return parts.join("; ") + ".";
+  };
+
+  // port of plan.why_winner
+  Planner.prototype.whyWinner = function (ranked) {
+    if (!ranked.length) return "nothing fits: see the closest layout's memory below";
+    var win = ranked[0], band = this.band(), tied = this.tieText(ranked);
+    var bubble = win.layout.p === 1 ? "" : ", bubble " + pct1(win.bubble) + "%";
+    var parts = [label(win.layout) + " is predicted fastest: " + stepText(win.step_s, band) + " (" + passesText(win) + "), " +
+      this.throughputText(win, band) + bubble + ", " + sig(win.dp_exposed_s * band.factor) + " s of data-parallel traffic " +
+      "not hidden, " + (win.peak_bytes / GB).toFixed(1) + " GB on the fullest GPU"];
+    if (ranked.length > 1)
+      parts.push("the runner-up (" + label(ranked[1].layout) + ") takes " + pct1(ranked[1].step_s / win.step_s - 1) + "% longer");
+    var other = null;
+    for (var i = 1; i < ranked.length; i++) if ((ranked[i].layout.p === 1) !== (win.layout.p === 1)) { other = ranked[i]; break; }
+    if (other !== null)
+      parts.push("the best " + (other.layout.p === 1 ? "layout without a pipeline" : "pipelined layout") + " (" + label(other.layout) +
+        ") " + pct1(other.step_s / win.step_s - 1) + "% longer");
+    var margin = this.marginText(ranked);
+    return (tied ? tied + "\n" : "") + parts.join("; ") + "." + (margin ? "\n" + margin + "." : "");
+  };
+
+  // port of plan.step_terms: a step as the sum of its parts on the GPU that finishes last
+  var TERMS = ["computation", "recomputation", "bubble and hand-offs", "data-parallel traffic not hidden", "optimizer step"];
+  var WHY_TERMS = {"computation": "computation", "recomputation": "recomputation", "bubble and hand-offs": "bubble and hand-offs",
+    "data-parallel traffic not hidden": "sharding traffic", "optimizer step": "optimizer"};
+  Planner.prototype.stepTerms = function (pred) {
+    var L = pred.layout, c = pred.critical, stages = this.owned(L, c.rank);
+    var withRedo = this.costsOf(L).costs, without = this.costsOf(Object.assign({}, L, {recompute: "none"})).costs, redo = 0;
+    stages.forEach(function (s) { ["F", "B"].forEach(function (k) { redo += withRedo[s + k] - without[s + k]; }); });
+    redo *= L.m;
+    return {"computation": c.busy_s - redo, "recomputation": redo, "bubble and hand-offs": c.end_s - c.busy_s,
+      "data-parallel traffic not hidden": c.dp_exposed_s, "optimizer step": c.optimizer_s};
+  };
+  function sumLine(name, terms, k) {
+    var parts = TERMS.filter(function (t) { return k * terms[t] >= 0.05 || t === "computation"; })
+      .map(function (t) { return (k * terms[t]).toFixed(1) + " " + WHY_TERMS[t]; });
+    var total = 0;
+    TERMS.forEach(function (t) { total += terms[t]; });
+    var padded = (name + "            ").slice(0, Math.max(12, name.length));
+    return "  " + padded + " " + parts.join(" + ") + " = " + (k * total).toFixed(1) + " s";
+  }
+
+  // port of plan.at_batch: [step, fits] of a layout at k times this batch (null where it cannot run there)
+  Planner.prototype.atBatch = function (pred, k) {
+    var m = pred.layout.m * k, batch = this.req.global_batch * k;
+    if (m < 1 || m !== Math.floor(m) || batch !== Math.floor(batch)) return null;
+    var L = Object.assign({}, pred.layout, {m: m});
+    var scaled = new Planner(Object.assign({}, this.req, {global_batch: batch}));
+    if (scaled.constraintProblem(L)) return null;
+    var out = scaled.predict(L, false);
+    return [out.step_s, out.peak_bytes <= usableBytes(scaled.req)];
+  };
+
+  function pipelineSizesFrom(req) {
+    var out = [];
+    for (var p = 2; p <= req.max_p; p++) if (!req.pps.length || req.pps.indexOf(p) >= 0) out.push(p);
+    return out;
+  }
+
+  // port of plan.pipeline_pays
+  Planner.prototype.pipelinePays = function (ranked) {
+    var req = this.req, self = this;
+    ranked = ranked || [];
+    var best = function (pipelined) {
+      for (var i = 0; i < ranked.length; i++) if ((ranked[i].layout.p > 1) === pipelined) return ranked[i];
+      var pps = pipelined ? pipelineSizesFrom(req) : [1];
+      if (!pps.length) return null;
+      var found = new Planner(Object.assign({}, req, {pps: pps})).plan().ranked;
+      return found.length ? found[0] : null;
+    };
+    var without = best(false), withP = best(true);
+    var flat = new Planner(Object.assign({}, req, {pps: [1]}));
+    var splits = flat.candidates().some(function (c) { return !flat.constraintProblem(c); });
+    var tps = this.tensorParallelSizes(), widest = (tps.length ? Math.max.apply(null, tps) : 1) *
+      (req.cps.length ? Math.max.apply(null, req.cps) : 1);
+    var scan = without === null || withP === null ? [] : DATA.multiples.map(function (k) {
+      return [k, self.atBatch(without, k), self.atBatch(withP, k)];
+    });
+    return {best_without: without, best_with: withP, splits_without: splits, most_gpus_without: req.global_batch * widest,
+      scan: scan, pays: withP !== null && (without === null || withP.step_s < without.step_s)};
+  };
+
+  function multipleText(k) { return k >= 1 ? String(k) : "1/" + Math.round(1 / k); }
+  function rangesText(ks) { return multipleText(ks[0]) + (ks.length > 1 ? " to " + multipleText(ks[ks.length - 1]) : "") + " times"; }
+
+  // port of plan.scan_text
+  function scanText(pays) {
+    var runs = [], unfit = {"the pipelined one": [], "the one without": []};
+    pays.scan.forEach(function (x) {
+      var k = x[0], without = x[1], withP = x[2];
+      if (without === null || withP === null) return;
+      var who = withP[0] < without[0] ? "the pipelined one" : "the one without";
+      if (runs.length && runs[runs.length - 1][0] === who) runs[runs.length - 1][1].push(k);
+      else runs.push([who, [k]]);
+      if (!without[1]) unfit["the one without"].push(k);
+      if (!withP[1]) unfit["the pipelined one"].push(k);
+    });
+    if (!runs.length) return "here neither runs at other batches";
+    var text = "here the same two layouts at other batches: " + runs.map(function (r) {
+      return r[0] + " faster at " + rangesText(r[1]); }).join(", ") + " this batch";
+    var gaps = ["the pipelined one", "the one without"].filter(function (n) { return unfit[n].length; }).map(function (n) {
+      return n + " does not fit at " + unfit[n].map(multipleText).join(", ") + " times"; });
+    return text + (gaps.length ? " (" + gaps.join("; ") + ")" : "");
+  }
+
+  // port of plan.pays_text
+  Planner.prototype.paysText = function (pays) {
+    var req = this.req, state;
+    if (!pays.splits_without) state = "not asked here: the batch does not split without one";
+    else if (pays.best_without !== null)
+      state = "here it fits: " + (pays.best_without.peak_bytes / GB).toFixed(1) + " GB on the fullest GPU of the best layout without one";
+    else state = "here it does not: the reason a pipeline is needed";
+    var batch = req.global_batch + " sequences, one replica each at most " + Math.floor(pays.most_gpus_without / req.global_batch) +
+      " GPUs wide, the replicas sharing the batch evenly: at most " + pays.most_gpus_without + " GPUs; here " + req.gpus +
+      (pays.splits_without ? "" : ", which the batch does not split over: the reason a pipeline is needed");
+    return "  a pipeline pays when the model's state does not fit without one (" + state + "); when the GPUs outnumber " +
+      "what the batch spreads over without one (" + batch + "); and otherwise where what it saves outweighs its " +
+      "bubble, which the batch decides: a small batch per GPU leaves data-parallel traffic that too little " +
+      "computation hides, which a pipeline's fewer replicas cut; a large batch makes the bubble, which does not " +
+      "grow with it, a smaller share of the step (" + scanText(pays) + ")";
+  };
+
+  // port of plan.runtime_needs
+  function runtimeNeeds(L) {
+    var needs = [];
+    if (["DualPipeV", "ZBVZeroBubble", "InterleavedZeroBubble", "LoopedBFS", "GPipe"].indexOf(L.schedule) >= 0)
+      needs.push("Schedule" + L.schedule);
+    if (L.p > 1 && L.sharding === "fsdp") needs.push("FSDP under a pipeline");
+    return needs.join(", ");
+  }
+
+  // port of plan.best_for: the fastest layout framework `kind` runs, among the ranked or searched within its options
+  Planner.prototype.bestFor = function (ranked, kind) {
+    var self = this;
+    for (var i = 0; i < ranked.length; i++) if (this.runsOn(ranked[i].layout, kind) === null) return ranked[i];
+    var fw = DATA.export.frameworks[kind], req = this.req;
+    var within = function (list, allowed) { return list.filter(function (x) { return allowed.indexOf(x) >= 0; }); };
+    var narrowed = new Planner(Object.assign({}, req, {schedules: within(req.schedules, fw.schedules),
+      shardings: within(req.shardings, fw.shardings), recomputes: within(req.recomputes, fw.recomputes)}));
+    var found = narrowed.plan().ranked.filter(function (o) { return self.runsOn(o.layout, kind) === null; });
+    return found.length ? found[0] : null;
+  };
+
+  // port of plan.why_lines
+  Planner.prototype.whyLines = function (ranked) {
+    if (!ranked.length) return [];
+    var win = ranked[0], k = this.band().factor, pays = this.pipelinePays(ranked), self = this;
+    var other = win.layout.p > 1 ? pays.best_without : pays.best_with, lines = [], mine = this.stepTerms(win);
+    if (other !== null) {
+      var theirs = this.stepTerms(other), kind = other.layout.p === 1 ? "no pipeline" : "pipelined";
+      var passes = win.estimated && other.estimated ? "both estimated from FLOPs" :
+        !(win.estimated || other.estimated) ? "both measured" :
+        "the winner's " + (win.estimated ? "estimated" : "measured") + ", the other's " + (other.estimated ? "estimated" : "measured");
+      lines.push("why: seconds per step on the GPU that finishes last (calibrated), the winner against the best " + kind +
+        " layout (" + label(other.layout) + "; pass times " + passes + "):", sumLine("winner", mine, k), sumLine(kind, theirs, k));
+      var diff = {}, rest = 0;
+      TERMS.forEach(function (t) { diff[t] = theirs[t] - mine[t]; rest += diff[t]; });
+      var bubble = diff["bubble and hand-offs"];
+      rest -= bubble;
+      if (win.layout.p === 1) {
+        lines.push("  the pipeline " + (rest < 0 ? "saves" : "spends") + " " + Math.abs(k * rest).toFixed(1) + " s " +
+          (rest < 0 ? "elsewhere" : "more elsewhere") + " and loses " + (k * bubble).toFixed(1) + " s to its bubble and hand-offs");
+      } else {
+        var most = null;
+        TERMS.forEach(function (t) { if (t !== "bubble and hand-offs" && (most === null || diff[t] > diff[most])) most = t; });
+        lines.push("  the pipeline loses " + (-k * bubble).toFixed(1) + " s to its bubble and hand-offs and saves " +
+          (k * rest).toFixed(1) + " s elsewhere, most of it in " + WHY_TERMS[most]);
+      }
+    } else if (win.layout.p > 1) {
+      lines.push("why: no layout without a pipeline " + (pays.splits_without ? "fits" : "splits this batch over the GPUs"));
+    } else {
+      lines.push("why: no pipelined layout fits");
+    }
+    lines.push(this.paysText(pays));
+    var needs = runtimeNeeds(win.layout);
+    if (needs) lines.push("the winner needs torch 2.13's pipelining runtime (" + needs + "): torchtitan runs it; Megatron-LM does not");
+    [["torchtitan", "torchtitan 0.3.0"], ["megatron", "Megatron-LM"]].forEach(function (x) {
+      var problem = self.runsOn(win.layout, x[0]);
+      if (problem === null) { lines.push(x[1] + " runs the winner"); return; }
+      var best = self.bestFor(ranked, x[0]);
+      lines.push(x[1] + " cannot run the winner (" + problem + "); its best: " +
+        (best ? label(best.layout) + ", " + pct1(best.step_s / win.step_s - 1) + "% slower" : "nothing fits"));
+    });
+    return lines;
+  };
+
+  // port of plan.drop_summary: what --why prints, the count of each reason (most first) and the first `limit` dropped
+  function dropSummary(dropped, limit) {
+    limit = limit === undefined ? 20 : limit;
+    var reasons = [], count = {};
+    dropped.forEach(function (o) {
+      var k = (o.why_not || "").split(":")[0];
+      if (!(k in count)) { count[k] = 0; reasons.push(k); }
+      count[k] += 1;
+    });
+    var order = reasons.map(function (k, i) { return [k, i]; })
+      .sort(function (a, b) { return count[b[0]] - count[a[0]] || a[1] - b[1]; });
+    var lines = order.map(function (x) { return count[x[0]] + " dropped: " + x[0]; });
+    dropped.slice(0, limit).forEach(function (o) { lines.push("  " + o.label + ": " + o.why_not); });
+    if (dropped.length > limit) lines.push("  ... and " + (dropped.length - limit) + " more (--json lists all)");
+    return lines;
+  }
 
   // a pin of the page (stages per rank, data-parallel sizes) as the command line's --v / --dp read it:
   // whole numbers, each at least 1 (request_from's words), separated by spaces or commas; empty: no pin
@@ -1658,6 +2176,7 @@
     activeParameters: activeParameters, routedExpertParameters: routedExpertParameters, layerActivationValues: layerActivationValues,
     layerCosts: layerCosts, headCosts: headCosts, efficiency: efficiency,
     layout: layout, label: label, numStages: numStages, usableBytes: usableBytes, Planner: Planner, pins: pins,
+    sig: sig, stepText: stepText, dropSummary: dropSummary,
     load: function (data) { for (var k in data) DATA[k] = data[k]; return api; },
     data: function () { return DATA; }
   };

@@ -3,8 +3,11 @@
 Introduced in "Choosing a pipeline". ``data/published/runs.json`` holds runs whose authors
 published their layout and their throughput (and, for torchtitan, their peak memory), each
 with its source and the line it quotes; under ``moe_runs``, mixtures of experts with their
-expert parallelism (chapter "Mixture of experts"), whose throughput is not comparable or not
-published. For each run :func:`compare` poses the planner the
+expert parallelism (chapters "Mixture of experts" and "Choosing a pipeline"), and under
+``fp8_runs`` dense runs in FP8, each with its ``precision`` and the options its framework ran
+(``options``: dispatcher, optimizer, memory recipe); rows that share a ``sweep`` measured several
+layouts of one model on one cluster (:func:`sweeps`, :func:`sweep_correlation`). For each run
+:func:`compare` poses the planner the
 same question (model, GPUs, links, global batch, sequence length), restricted to what the run's
 framework could do at the time (its schedules, sharding modes and kernels) and to the choices
 its authors state they fixed (recomputation, microbatch size, and for a benchmark of schedules the
@@ -47,9 +50,13 @@ def gpu_of(row: dict, data: dict) -> hardware.GPU:
 def request(row: dict, data: dict, constrained: bool = True) -> search.Request:
     """The run's question: its model, GPUs and batch; with ``constrained``, only the options its
     framework had and the choices its authors fixed."""
+    options = row.get("options", {})
     req = search.Request(shapes.PRESETS[row["model"]], gpu_of(row, data), row["gpus"], row["gpus_per_node"],
                          row["global_batch"], row["seq_len"], hardware.LINKS[row["intra"]], hardware.LINKS[row["inter"]],
-                         max_p=max(32, row["layout"]["pp"]))
+                         max_p=max(32, row["layout"]["pp"]), precision=row.get("precision", "bf16"),
+                         dispatcher=options.get("dispatcher", "alltoall"), optimizer=options.get("optimizer", "adamw"),
+                         recipe=options.get("recipe", "bf16"),
+                         cps=(row["layout"]["cp"],) if row["layout"].get("cp", 1) > 1 else ())
     if not constrained:
         return req
     fw = data["frameworks"][row["framework"]]
@@ -71,10 +78,10 @@ def published_layouts(row: dict, req: search.Request) -> list[search.Layout]:
     schedule = lay["schedule"] or search.NO_PIPELINE
     out = []
     wide = replace(req, tps=(lay["tp"],), eps=(lay.get("ep", 1),), shardings=(lay["sharding"],),
-                   max_v=max(req.max_v, lay.get("v", 1)))
+                   max_v=max(req.max_v, lay.get("v", 1)), etps=(lay.get("etp", 1),) if req.model.moe else ())
     for c in search.candidates(wide):
-        if (c.p, c.dp, c.schedule) == (lay["pp"], lay["dp"], schedule) and c.v == lay.get("v", c.v) \
-                and not search.constraint_problem(c, req):
+        if (c.p, c.dp, c.schedule, c.etp) == (lay["pp"], lay["dp"], schedule, lay.get("etp", 1)) \
+                and c.v == lay.get("v", c.v) and not search.constraint_problem(c, req):
             out.append(c)
     return out
 
@@ -89,6 +96,10 @@ def published_tokens_per_s(row: dict) -> float | None:
         return None
     if t["unit"] == "tokens/s/GPU":
         return t["value"]
+    if t["unit"] == "s/step":  # the step time of the run's global batch
+        return row["global_batch"] * row["seq_len"] / (t["value"] * row["gpus"])
+    if t["unit"] == "GPU hours per trillion tokens":
+        return 1e12 / (t["value"] * 3600)
     shape, s = shapes.PRESETS[row["model"]], row["seq_len"]
     if t.get("convention") == "megatron":
         lyr, h, v = shape.layers, shape.hidden, shape.vocab
@@ -228,3 +239,64 @@ def compare(row: dict, data: dict | None = None, unconstrained: bool = False) ->
     return Comparison(row, best, ranked[0] if ranked else None, free[0] if free else None,
                       published_tokens_per_s(row), len(weighed), len({(c.tp, c.p, c.dp) for c in weighed}),
                       len(preds), max(fit) if fit else None)
+
+
+# --- mixtures of experts and FP8 (issue 52): the published layout's rank, sweeps ---------------------------------------
+
+def published_rank(c: Comparison, data: dict | None = None) -> int | None:
+    """Where the published layout (as predicted, :func:`best_completion`) falls in the planner's own
+    order of the layouts the run's constraints allow: 1 + how many of them it predicts faster
+    (``None`` where the published layout does not fit). The search lists every layout within a
+    slack of its winner; the slack here reaches the published layout's time, so every faster
+    layout is listed (:func:`ppbook.planner.search.plan`)."""
+    if c.published.why_not or c.choice is None:
+        return None
+    req = request(c.row, data or load())
+    slack = max(search.SLACK, c.published.step_s / c.choice.step_s - 1 + 1e-9)
+    ranked, _ = search.plan(req, slack=slack)
+    return 1 + sum(1 for o in ranked if o.step_s < c.published.step_s * (1 - 1e-12))
+
+
+def ranks(values: list[float]) -> list[float]:
+    """Ranks of ``values`` (1 for the smallest), ties given their mean rank."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    out = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            out[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return out
+
+
+def spearman(xs: list[float], ys: list[float]) -> float:
+    """Spearman's rank correlation of two lists of the same length (at least two): Pearson's
+    correlation of their ranks (:func:`ranks`), 1 when both order the items alike, -1 when reversed."""
+    if len(xs) != len(ys) or len(xs) < 2:
+        raise ValueError("spearman needs two lists of the same length, at least two items")
+    rx, ry = ranks(xs), ranks(ys)
+    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
+    sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    sxx, syy = sum((a - mx) ** 2 for a in rx), sum((b - my) ** 2 for b in ry)
+    return sxy / (sxx * syy) ** 0.5
+
+
+def sweeps(data: dict | None = None) -> dict[str, list[dict]]:
+    """The runs that measured several layouts of one model on one cluster, by sweep: each sweep's
+    rows in ``moe_runs`` and ``fp8_runs`` share a ``sweep`` name."""
+    data = data or load()
+    out: dict[str, list[dict]] = {}
+    for row in data.get("moe_runs", []) + data.get("fp8_runs", []):
+        if "sweep" in row:
+            out.setdefault(row["sweep"], []).append(row)
+    return out
+
+
+def sweep_correlation(comparisons: list[Comparison]) -> float:
+    """Spearman's correlation of the planner's predicted throughput with the published one over the
+    timed layouts of one sweep (a row the planner cannot cut, ``not_cut``, is left out)."""
+    timed = [c for c in comparisons if c.published_tps is not None and "not_cut" not in c.row]
+    return spearman([c.published.tokens_per_s_per_gpu for c in timed], [c.published_tps for c in timed])

@@ -7,7 +7,13 @@ first and last stages even or lightened (``balance``), ``dp`` data-parallel repl
 is sharded one of four ways, microbatches of ``b`` sequences, ``m`` of them per replica and step,
 and recomputation. Ranks are laid out as Megatron-LM and torchtitan lay them out: tensor parallel
 innermost, then data parallel, pipeline outermost (so a data-parallel group spans ``dp x tp``
-consecutive GPUs, and pipeline hand-offs cross nodes first).
+consecutive GPUs, and pipeline hand-offs cross nodes first). A mixture of experts' experts are
+laid out over the same GPUs again, ``ep`` expert-parallel GPUs of ``etp`` each
+(:func:`expert_layouts`: Megatron-Core's MoE parallel folding, so ``ep`` may exceed ``dp``), and
+its MoE layers timed as each GPU runs them (:func:`moe_layer_seconds`). The matrix products run
+in bf16 or in FP8 by recipe (``precision``: :mod:`ppbook.planner.costs`' measured speed-ups,
+:class:`ppbook.planner.memory.Precision`'s bytes); the optimizer's state is Adam's unless
+``optimizer`` says otherwise.
 
 For each candidate :func:`predict` computes:
 
@@ -62,7 +68,8 @@ class Request:
     headroom: float = 0.1  # fraction of each GPU kept free (CUDA context, NCCL buffers, fragmentation)
     tps: tuple[int, ...] = ()           # tensor-parallel sizes to try (default: powers of two within a node)
     pps: tuple[int, ...] = ()           # pipeline sizes to try (default: every one that divides, up to max_p)
-    eps: tuple[int, ...] = ()           # expert-parallel sizes to try (default: every one that divides dp and the experts)
+    eps: tuple[int, ...] = ()           # expert-parallel sizes to try (default: every one that divides the experts and,
+    #                                    times etp, the tp x cp x dp GPUs it folds over: expert_layouts)
     max_p: int = 32
     max_v: int = 4
     vs: tuple[int, ...] = ()            # stages per rank to try, pinned (default: 2 to max_v for the looped schedules)
@@ -80,6 +87,18 @@ class Request:
     #                                    constraint_problem), or "freed" (Megatron-LM, DeepSpeed, Llama 3)
     overlap_f_b: bool = False          # a function is registered for DualPipeV's OVERLAP_F_B actions (DeepSeek's
     #                                    runtime); torch and torchtitan 0.3.0 register none: the halves run in turn
+    # mixtures of experts as Megatron-Core folds them, FP8 and other optimizers (issue 52; see expert_layouts)
+    etps: tuple[int, ...] = ()          # expert-tensor-parallel sizes to try (default: 1 and the layout's tp)
+    moe_imbalance: float = 1.0          # tokens the busiest expert-parallel rank receives, over the mean (1: balanced,
+    #                                    as the published benchmarks force it)
+    capacity_factor: float = 0.0        # 0: dropless; else each expert takes at most this times its mean share,
+    #                                    dropping the rest, so the busiest rank's load is at most this
+    dispatcher: str = "alltoall"        # how tokens reach the experts: one all-to-all ("alltoall"), or DeepEP's, which
+    #                                    sends a token once to each other node its experts are on ("deepep")
+    precision: str = "bf16"             # the blocks' matrix products: bf16, or an FP8 recipe (memory.PRECISIONS)
+    optimizer: str = "adamw"            # its state per parameter (memory.OPTIMIZER_STATE)
+    framework: str = "torchtitan"      # what the reader will run: it picks the published runs that calibrate the
+    #                                    printed times (ppbook.planner.calibration); the search is the same
 
     # every cache of the search is keyed on the request, whose model, GPU and links hash field by
     # field: hashed once (hashing it anew on every look-up took a tenth of a search)
@@ -103,14 +122,15 @@ class Layout:
     sharding: str   # none, zero1, zero2, fsdp
     recompute: str  # none, selective, full
     balance: str = "even"
-    ep: int = 1     # expert parallelism: each MoE layer's routed experts split among ep of the dp replicas
+    ep: int = 1     # expert parallelism: each MoE layer's routed experts split over ep GPUs of tp x cp x dp
     cp: int = 1     # context parallelism: each sequence split over cp GPUs (see context_parallel_seconds)
+    etp: int = 1    # expert tensor parallelism: each expert's matrices split over etp GPUs (expert_layouts)
 
     def label(self) -> str:
         pipe = "no pipeline" if self.schedule == NO_PIPELINE else \
             f"{self.schedule} p={self.p}" + (f" v={self.v}" if self.v > 1 else "")
         ends = " ends" if self.balance == "ends" and self.p > 1 else ""
-        ep = f" ep={self.ep}" if self.ep > 1 else ""
+        ep = (f" ep={self.ep}" if self.ep > 1 else "") + (f" etp={self.etp}" if self.etp > 1 else "")
         cp = f" cp={self.cp}" if self.cp > 1 else ""
         return (f"tp={self.tp}{cp} {pipe}{ends} dp={self.dp}{ep} {self.sharding} b={self.b} m={self.m} "
                 f"recompute={self.recompute}")
@@ -235,12 +255,45 @@ def tensor_parallel_sizes(req: Request) -> list[int]:
             and (shape.mla or shape.kv_heads % t == 0) and (shape.ffn % t == 0)]
 
 
-def expert_parallel_sizes(req: Request, dp: int) -> list[int]:
-    """Expert-parallel sizes for ``dp`` replicas: those that divide both ``dp`` and the routed
-    experts (1 alone for a dense model)."""
+def expert_parallel_sizes(req: Request, dp: int, tp: int = 1, cp: int = 1, etp: int = 1) -> list[int]:
+    """Expert-parallel sizes for a layout of ``tp x cp x dp`` GPUs per pipeline stage whose experts
+    are split ``etp`` ways: those that divide the routed experts and whose ``ep x etp`` divides the
+    ``tp x cp x dp`` GPUs they fold over (:func:`expert_layouts`; 1 alone for a dense model)."""
     if not req.model.moe:
         return [1]
-    return [e for e in (req.eps or range(1, dp + 1)) if dp % e == 0 and req.model.experts % e == 0]
+    ranks = tp * cp * dp
+    return [e for e in (req.eps or range(1, ranks // etp + 1)) if req.model.experts % e == 0 and ranks % (e * etp) == 0]
+
+
+def expert_layouts(req: Request, tp: int, cp: int, dp: int) -> list[tuple[int, int]]:
+    """The ``(ep, etp)`` of the experts for a dense part of ``tp x cp x dp`` GPUs per pipeline stage,
+    laid out as Megatron-Core's "MoE parallel folding" lays them (Liu et al. 2025, arXiv 2504.14960;
+    the Megatron-Core MoE report, arXiv 2603.07685): attention runs on ``tp x cp x dp``, and the
+    same GPUs are cut again for the experts into ``etp x ep x edp``, expert tensor parallelism
+    innermost, then expert parallelism, then the experts' data parallelism (Megatron-Core's rank
+    order ``tp-ep-dp-pp`` for experts). So ``ep`` may exceed ``dp``: it folds over the tensor- and
+    context-parallel GPUs too, up to ``tp x cp x dp / etp``, and an expert-parallel group is ``ep``
+    GPUs at a stride of ``etp``, within a node while ``etp x ep`` fits in one. torchtitan 0.3.0 lays
+    experts out the same way, borrowing ``ep`` from ``dp_shard x cp x tp`` (``ParallelDims``:
+    ``efsdp = dp_shard x cp x tp / ep``, ``ep`` innermost), with no expert tensor parallelism
+    (``etp`` 1) once ``ep > 1``. Tried: ``etp`` 1 and the layout's ``tp`` (or ``etps``), each with
+    every ``ep`` that divides the experts (or ``eps``); a dense model gets ``(1, 1)``."""
+    if not req.model.moe:
+        return [(1, 1)]
+    etps = [e for e in (req.etps or sorted({1, tp})) if e <= req.gpus_per_node and req.model.expert_ffn % e == 0]
+    return [(ep, etp) for etp in etps for ep in expert_parallel_sizes(req, dp, tp, cp, etp)]
+
+
+def edp_size(layout: Layout) -> int:
+    """The experts' data-parallel size: the ``tp x cp x dp`` GPUs of a stage over ``etp x ep``, the
+    GPUs that hold the same experts and reduce (and shard) their gradients and state."""
+    return layout.tp * layout.cp * layout.dp // (layout.etp * layout.ep)
+
+
+def expert_share(layout: Layout) -> float:
+    """The share of a stage's routed-expert parameters per tensor-parallel rank (:class:`_Tables`'
+    ``experts``, a stage's experts over ``tp``) that one GPU holds: ``tp / (etp x ep)``."""
+    return layout.tp / (layout.etp * layout.ep)
 
 
 def pipeline_sizes(req: Request, ranks: int) -> list[int]:
@@ -260,8 +313,8 @@ def candidates(req: Request) -> list[Layout]:
                 dp = ranks // p
                 if req.dps and dp not in req.dps:
                     continue
-                for ep in expert_parallel_sizes(req, dp):
-                    out += _candidates_of(req, tp, p, dp, ep, cp)
+                for ep, etp in expert_layouts(req, tp, cp, dp):
+                    out += _candidates_of(req, tp, p, dp, ep, cp, etp)
     return out
 
 
@@ -283,7 +336,7 @@ def stages_per_rank_tried(req: Request, kind: str) -> list[int]:
     return [v] if not req.vs or v in req.vs else []
 
 
-def _candidates_of(req: Request, tp: int, p: int, dp: int, ep: int, cp: int = 1) -> list[Layout]:
+def _candidates_of(req: Request, tp: int, p: int, dp: int, ep: int, cp: int = 1, etp: int = 1) -> list[Layout]:
     out = []
     for b in req.microbatch_sizes or (x for x in (1, 2, 4, 8, 16, 32) if x <= req.max_microbatch_size):
         if req.global_batch % (dp * b):
@@ -295,7 +348,7 @@ def _candidates_of(req: Request, tp: int, p: int, dp: int, ep: int, cp: int = 1)
                 for sharding in (req.shardings if dp > 1 else ("none",)):
                     for recompute in req.recomputes:
                         for balance in (req.balances if p > 1 else ("even",)):
-                            out.append(Layout(tp, p, dp, name, v, b, m, sharding, recompute, balance, ep, cp))
+                            out.append(Layout(tp, p, dp, name, v, b, m, sharding, recompute, balance, ep, cp, etp))
     return out
 
 
@@ -346,7 +399,7 @@ def _torch_split_backward(layout: Layout, req: Request) -> bool:
 
 def request_problem(req: Request) -> str | None:
     """Why no layout of ``req`` can be planned, in one line that names the fix; ``None`` if some can."""
-    return memory.kernels_problem(req.model, req.kernels) or divisibility_problem(req)
+    return memory.kernels_problem(req.model, req.kernels) or divisibility_problem(req) or moe_fp8_problem(req)
 
 
 def divisibility_problem(req: Request) -> str | None:
@@ -489,14 +542,15 @@ def _stage_costs(layout: Layout, req: Request, layers: list[list[int]] | None = 
     """Seconds of each (stage, kind) for one microbatch, and whether any came from FLOPs."""
     return _stage_costs_cached(req, layout.tp, layout.num_stages, layout.balance, layout.b, layout.recompute,
                                layout.ep, layout.schedule in OVERLAPS_ALL_TO_ALL and req.overlap_f_b,
-                               _torch_split_backward(layout, req), layout.cp)
+                               _torch_split_backward(layout, req), layout.cp, layout.etp)
 
 
 def alltoall_seconds(req: Request, nbytes: float, ep: int, tp: int) -> float:
     """Seconds of one all-to-all in which each of ``ep`` ranks sends its ``nbytes`` spread evenly
-    over the group. The group is ``ep`` consecutive data-parallel ranks, ``ep x tp`` GPUs: within
-    a node it runs over the node's link; across nodes, the share for other nodes crosses the
-    network while the rest crosses NVLink at the same time, and the slower of the two counts."""
+    over the group. The group is ``ep`` GPUs at a stride of ``tp`` (the expert-tensor-parallel size
+    ``etp`` under :func:`expert_layouts`, innermost), ``ep x tp`` consecutive GPUs: within a node it
+    runs over the node's link; across nodes, the share for other nodes crosses the network while
+    the rest crosses NVLink at the same time, and the slower of the two counts."""
     if ep <= 1:
         return 0.0
     if ep * tp <= req.gpus_per_node:
@@ -509,19 +563,19 @@ def alltoall_seconds(req: Request, nbytes: float, ep: int, tp: int) -> float:
 
 @functools.lru_cache(maxsize=16384)
 def _stage_costs_cached(req: Request, tp: int, num_stages: int, balance: str, b: int, recompute: str, ep: int = 1,
-                        overlap: bool = False, split: bool = False, cp: int = 1) -> tuple[dict, bool]:
+                        overlap: bool = False, split: bool = False, cp: int = 1, etp: int = 1) -> tuple[dict, bool]:
     """Recomputation runs each recomputed block's forward again in the backward: once, or, with
     full checkpointing under torch's split backward (``split``), once in I and once more per
     group of parameters in W (:func:`ppbook.planner.shapes.block_weight_groups`), on every stage
     but the first, whose backward torch runs whole in W (chapter 12 measured both). Context
     parallelism (``cp``) divides each GPU's computation and its tensor- and expert-parallel traffic
-    by ``cp`` and adds :func:`context_parallel_seconds` to every layer."""
+    by ``cp`` and adds :func:`context_parallel_seconds` to every layer. An MoE layer's seconds are
+    :func:`moe_layer_seconds`'."""
     shape = req.model
     first, last = end_weights(req) if balance == "ends" else (0, 0)
     layers = _stage_layers_cached(shape.layers, num_stages, first, last)
     layout = Layout(tp, 1, 1, NO_PIPELINE, 1, b, 1, "none", recompute, balance)
-    dense = costs.layer_costs(shape, req.gpu, layout.b, req.seq_len, False, req.measured_costs)
-    moe = costs.layer_costs(shape, req.gpu, layout.b, req.seq_len, True, req.measured_costs) if shape.moe else dense
+    dense = costs.layer_costs_at(shape, req.gpu, layout.b, req.seq_len, req.precision, req.measured_costs)
     head = costs.head_costs(shape, req.gpu, layout.b, req.seq_len, req.measured_costs)
     estimated = not (dense.measured and head.measured)
     act_bytes = memory.RECIPES[req.recipe].activation_bytes
@@ -531,27 +585,26 @@ def _stage_costs_cached(req: Request, tp: int, num_stages: int, balance: str, b:
     if tp > 1:
         nbytes = traffic.boundary_bytes(layout.b, req.seq_len, shape.hidden, act_bytes) / cp
         tp_half = 2 * tp_link.allreduce(nbytes, tp)
-    # expert parallelism: each MoE layer dispatches and combines its tokens, forward and backward
-    a2a = 2 * alltoall_seconds(req, traffic.expert_dispatch_bytes(b, req.seq_len, shape.hidden, shape.top_k, act_bytes,
-                                                                  tp) / cp, ep, tp) if shape.moe and ep > 1 else 0.0
     cp_f, cp_b = context_parallel_seconds(req, b, tp, cp, recompute)
     out = {}
     n = len(layers)
-    redo = {False: {"none": 0.0, "full": dense.F, "selective": dense.F * selective_share(shape, False)},
-            True: {"none": 0.0, "full": moe.F, "selective": moe.F * selective_share(shape, True)}}
-
-    def with_a2a(compute: float, is_moe: bool) -> float:
-        # the action's own all-to-alls, in full; DualPipeV's pairs hide them under each other (_action_costs)
-        return compute + a2a if is_moe else compute
-
+    redo = {"none": 0.0, "full": dense.F, "selective": dense.F * selective_share(shape, False)}
     per_group = split and recompute == "full"
     # one layer's seconds per pass, dense and MoE, and its weight pass with recomputation per group
-    per_layer = {}
-    for is_moe, c in ((False, dense), (True, moe)):
-        groups = shapes.block_weight_groups(shape, is_moe)
-        per_layer[is_moe] = (with_a2a(c.F / (tp * cp) + tp_half, is_moe) + cp_f,
-                             with_a2a((c.I + redo[is_moe][layout.recompute]) / (tp * cp) + tp_half, is_moe) + cp_b,
-                             (c.W + 0.0) / (tp * cp), (c.W + (groups * c.F if per_group else 0.0)) / (tp * cp))
+    groups = shapes.block_weight_groups(shape, False)
+    per_layer = {False: ((dense.F / (tp * cp) + tp_half) + cp_f,
+                         ((dense.I + redo[layout.recompute]) / (tp * cp) + tp_half) + cp_b,
+                         (dense.W + 0.0) / (tp * cp), (dense.W + (groups * dense.F if per_group else 0.0)) / (tp * cp))}
+    a2a = 0.0
+    if shape.moe:
+        moe = moe_layer_seconds(req, tp, cp, b, ep, etp)
+        a2a = moe["dispatch"]  # the expert-parallel traffic of one direction, what DualPipeV's pairs may hide
+        comm = moe["tp"] + a2a
+        redo_moe = {"none": 0.0, "full": moe["compute_F"] + a2a,  # the forward again, its all-to-alls included
+                    "selective": moe["compute_F"] * selective_share(shape, True)}[recompute]
+        groups_moe = shapes.block_weight_groups(shape, True)
+        per_layer[True] = (moe["compute_F"] + comm + cp_f, moe["compute_I"] + redo_moe + comm + cp_b, moe["compute_W"],
+                           moe["compute_W"] + (groups_moe * moe["compute_F"] if per_group else 0.0))
     for s, owned in enumerate(layers):
         f = i = w = 0.0
         n_moe = sum(1 for index in owned if index >= shape.dense_layers) if shape.moe else 0
@@ -658,6 +711,7 @@ class _Tables:
     block_params: tuple[float, ...]
     blocks: tuple[int, ...]
     experts: tuple[float, ...]   # the routed experts' share of params (what expert parallelism divides)
+    linear: tuple[float, ...] = ()  # the params of its blocks' linear layers (what an FP8 recipe runs in FP8)
 
 
 def stage_boundary_bytes(req: Request, b: int, tp: int, cp: int = 1) -> float:
@@ -669,7 +723,8 @@ def stage_boundary_bytes(req: Request, b: int, tp: int, cp: int = 1) -> float:
 
 
 @functools.lru_cache(maxsize=8192)
-def _tables(req: Request, num_stages: int, balance: str, b: int, recompute: str, tp: int, cp: int = 1) -> _Tables:
+def _tables(req: Request, num_stages: int, balance: str, b: int, recompute: str, tp: int, cp: int = 1,
+            etp: int = 1) -> _Tables:
     shape = req.model
     first, last = end_weights(req) if balance == "ends" else (0, 0)
     layers = _stage_layers_cached(shape.layers, num_stages, first, last)
@@ -685,14 +740,16 @@ def _tables(req: Request, num_stages: int, balance: str, b: int, recompute: str,
     for s, owned in enumerate(layers):
         per_mb.append(memory.stage_activation_bytes(shape, owned, tokens, s == 0, s == n - 1, dt, req.kernels,
                                                     recompute, req.seq_len) / (tp * cp) + len(owned) * whole / cp
-                      + memory.held_io_bytes(boundary, s == 0, s == n - 1, req.stage_io))
+                      + memory.held_io_bytes(boundary, s == 0, s == n - 1, req.stage_io)
+                      + _moe_fp8_activation_bytes(req, owned, tokens, recompute, tp, cp, etp))
         residual.append(len(owned) * memory.values_bytes(memory.block_residual_values(shape), tokens, dt) / (tp * cp))
         total = memory.stage_parameters(shape, owned, s == 0, s == n - 1) / tp
         params.append(total)
         block_params.append(memory.stage_parameters(shape, owned, False, False) / tp)
     experts = tuple(sum(shapes.routed_expert_parameters(shape, i) for i in owned) / tp for owned in layers)
+    linear = tuple(sum(shapes.linear_parameters(shape, i) for i in owned) / tp for owned in layers)
     return _Tables(tuple(per_mb), tuple(residual), tuple(params), tuple(block_params),
-                   tuple(len(x) for x in layers), experts)
+                   tuple(len(x) for x in layers), experts, linear)
 
 
 def rank_saved_bytes(schedule: str, p: int, m: int, v: int, per_mb, residual) -> list[float]:
@@ -708,19 +765,19 @@ def rank_saved_bytes(schedule: str, p: int, m: int, v: int, per_mb, residual) ->
 
 @functools.lru_cache(maxsize=16384)
 def _rank_activations(req: Request, schedule: str, p: int, m: int, v: int, b: int, balance: str, recompute: str,
-                      tp: int, cp: int = 1) -> tuple[tuple[float, float], ...]:
+                      tp: int, cp: int = 1, etp: int = 1) -> tuple[tuple[float, float], ...]:
     """Per pipeline rank, (activation bytes, logits bytes) at its peak: the microbatches its
     stages hold at once under the schedule's order, times each stage's bytes per microbatch,
     plus one layer's recomputation and, on the last stage, one loss backward. Independent of the
     sharding, so cached across it."""
     shape = req.model
     stages = stage_count(schedule, p, v)
-    t = _tables(req, stages, balance, b, recompute, tp, cp)
+    t = _tables(req, stages, balance, b, recompute, tp, cp, etp)
     dt = memory.RECIPES[req.recipe].activation_bytes
     tokens = b * req.seq_len
     logits = memory.logits_bytes(shape, tokens, dt) / (tp * cp)
     loss_backward = memory.loss_backward_bytes(shape, tokens) / (tp * cp)
-    transient = _transient(req, b, recompute, tp, cp)
+    transient = _transient(req, b, recompute, tp, cp, etp)
     probe = Layout(tp, p, 1, schedule, v, b, m, "none", recompute, balance)
     ms = _simulated_ms(probe)
     peaks = [in_flight(schedule, p, mm, v) for mm in ms]
@@ -749,18 +806,21 @@ def _rank_state(layout: Layout, req: Request, stages: list[int]) -> tuple[float,
     (Parameters do not depend on the microbatch or the recomputation, so the result is cached
     without them.)"""
     return _rank_state_cached(req, layout.num_stages, layout.balance, layout.tp, tuple(stages), layout.sharding,
-                              layout.dp * layout.cp, layout.ep, layout.p)
+                              layout.dp * layout.cp, layout.ep, layout.p, layout.etp)
 
 
 @functools.lru_cache(maxsize=65536)
 def _rank_state_cached(req: Request, num_stages: int, balance: str, tp: int, stages: tuple[int, ...], sharding: str,
-                       dp: int, ep: int, p: int) -> tuple[float, float, memory.State]:
+                       dp: int, ep: int, p: int, etp: int = 1) -> tuple[float, float, memory.State]:
+    """(See :func:`_rank_state`.) The routed experts a GPU holds are ``1 / (etp x ep)`` of its stages'
+    (:func:`expert_layouts`), their state sharded over the ``edp`` GPUs that hold the same
+    (:func:`edp_size`); an FP8 recipe adds :func:`_fp8_weight_bytes`."""
     t = _tables(req, num_stages, balance, 1, "none", tp)
-    layout = Layout(tp, p, dp, NO_PIPELINE, 1, 1, 1, sharding, "none", balance, ep)  # what the state depends on
+    layout = Layout(tp, p, dp, NO_PIPELINE, 1, 1, 1, sharding, "none", balance, ep, 1, etp)  # what the state depends on
     params = sum(t.params[s] for s in stages)
     experts = sum(t.experts[s] for s in stages)
-    dense, local = params - experts, experts / layout.ep
-    recipe = memory.RECIPES[req.recipe]
+    dense, local = params - experts, experts * expert_share(layout)
+    recipe = _recipe(req)
     gathered = unsharded = 0.0
     if layout.sharding == "fsdp":
         pipelined = layout.p > 1
@@ -772,19 +832,23 @@ def _rank_state_cached(req: Request, num_stages: int, balance: str, tp: int, sta
         if pipelined and len(stages) > MAX_ACTIVE_STAGES:
             # torch's runtime gathers a rank's next MAX_ACTIVE_STAGES stages and frees the others
             # (ppbook.planner.fsdp_window); their gradients stay unsharded, accumulated, until the step's end
-            sizes = sorted((_fsdp_share(t, s, layout.ep) for s in stages), reverse=True)
+            sizes = sorted((_fsdp_share(t, s, expert_share(layout)) for s in stages), reverse=True)
             gathered = sum(sizes[:MAX_ACTIVE_STAGES])
     state = memory.state_bytes(dense, recipe, layout.sharding, layout.dp, gathered, unsharded)
     if local:
-        own = memory.state_bytes(local, recipe, layout.sharding, layout.dp // layout.ep)
+        own = memory.state_bytes(local, recipe, layout.sharding, edp_size(layout))
         state = memory.State(state.parameters + own.parameters, state.gradients + own.gradients,
                              state.optimizer + own.optimizer)
+    if req.precision != "bf16":
+        fp8 = _fp8_weight_bytes(req, t, stages, layout, gathered / (dense + local) if layout.sharding == "fsdp" else 1.0)
+        state = memory.State(state.parameters + fp8, state.gradients, state.optimizer)
     return dense, local, state
 
 
-def _fsdp_share(t: _Tables, stage: int, ep: int) -> float:
-    """Parameters of ``stage`` one GPU gathers under FSDP (its routed experts' ``1/ep`` share)."""
-    return t.params[stage] - t.experts[stage] + t.experts[stage] / ep
+def _fsdp_share(t: _Tables, stage: int, share: float) -> float:
+    """Parameters of ``stage`` one GPU gathers under FSDP (its routed experts' ``share``,
+    :func:`expert_share`)."""
+    return t.params[stage] - t.experts[stage] + t.experts[stage] * share
 
 
 @functools.lru_cache(maxsize=16384)
@@ -804,31 +868,35 @@ def fsdp_gathers_factor(layout: Layout, req: Request, t: _Tables, rank: int) -> 
     (1.0: each once), counted from the schedule's order at the simulated microbatch counts and
     extended linearly to ``m``."""
     stages = _owned(layout, rank)
-    groups = tuple((s, _fsdp_share(t, s, layout.ep) - (t.params[s] - t.block_params[s]),
+    groups = tuple((s, _fsdp_share(t, s, expert_share(layout)) - (t.params[s] - t.block_params[s]),
                     t.params[s] - t.block_params[s], t.blocks[s]) for s in stages)
     reshard = memory.reshards_after_forward(req.fsdp_reshard, True)
     points = [(mm, _fsdp_gathered_per_step(layout.schedule, layout.p, mm, layout.v, rank, reshard, groups))
               for mm in _simulated_ms(layout)]
-    return _extrapolate(points, layout.m) / sum(_fsdp_share(t, s, layout.ep) for s in stages)
+    return _extrapolate(points, layout.m) / sum(_fsdp_share(t, s, expert_share(layout)) for s in stages)
 
 
 def memory_floor(layout: Layout, req: Request) -> float:
     """A lower bound of rank 0's peak, from sizes alone: its training state, plus min(m, p) of its
     stages' microbatches (every one of torch's seven schedules runs that many forwards on rank 0
     before its first backward: tests/test_plan.py checks it), plus one layer's recomputation."""
-    t = _tables(req, layout.num_stages, layout.balance, layout.b, layout.recompute, layout.tp, layout.cp)
+    t = _tables(req, layout.num_stages, layout.balance, layout.b, layout.recompute, layout.tp, layout.cp, layout.etp)
     stages = _owned(layout, 0)
     _, _, state = _rank_state(layout, req, stages)
     return state.total + min(layout.m, layout.p) * min(t.per_mb[s] for s in stages) + \
-        _transient(req, layout.b, layout.recompute, layout.tp, layout.cp)
+        _transient(req, layout.b, layout.recompute, layout.tp, layout.cp, layout.etp)
 
 
 @functools.lru_cache(maxsize=4096)
-def _transient(req: Request, b: int, recompute: str, tp: int, cp: int = 1) -> float:
+def _transient(req: Request, b: int, recompute: str, tp: int, cp: int = 1, etp: int = 1) -> float:
     """One layer's recomputation at the peak of a backward, on one GPU; with context parallelism, its
     ``1/cp`` share, plus the keys and values of a whole sequence the layer gathers."""
     dt = memory.RECIPES[req.recipe].activation_bytes
     out = memory.recompute_transient_bytes(req.model, b * req.seq_len, dt, req.kernels, recompute, req.seq_len) / (tp * cp)
+    if recompute != "none" and (req.model.moe or req.precision != "bf16"):  # what the rebuilt layer keeps beyond it
+        layer = [req.model.layers - 1]
+        out += (_moe_fp8_activation_bytes(req, layer, b * req.seq_len, "none", tp, cp, etp)
+                - _moe_fp8_activation_bytes(req, layer, b * req.seq_len, recompute, tp, cp, etp))
     if cp > 1:
         _, k, v, _ = memory.attention_widths(req.model)
         out += b * req.seq_len * (k + v) / tp * dt
@@ -839,7 +907,7 @@ def rank_memory(layout: Layout, req: Request, layers: list[list[int]] | None = N
     """Every pipeline rank's peak memory, by kind (the GPUs of one rank's tensor-parallel group
     hold the same)."""
     held = _rank_activations(req, layout.schedule, layout.p, layout.m, layout.v, layout.b, layout.balance,
-                             layout.recompute, layout.tp, layout.cp)
+                             layout.recompute, layout.tp, layout.cp, layout.etp)
     boundary, n = stage_boundary_bytes(req, layout.b, layout.tp, layout.cp), layout.num_stages
     out = []
     for rank in range(layout.p):
@@ -881,7 +949,7 @@ def _dp_exposed(layout: Layout, req: Request, params: float, busy: float, last_b
     recipe = memory.RECIPES[req.recipe]
     span = layout.dp * layout.tp
     link = req.intra if span <= req.gpus_per_node else req.inter
-    groups = [(params, layout.dp)] + ([(experts, layout.dp // layout.ep)] if experts else [])
+    groups = [(params, layout.dp)] + ([(experts, edp_size(layout))] if experts else [])
 
     def allreduce(nbytes_per_param: int) -> float:
         return sum(link.allreduce(n_params * nbytes_per_param, n) for n_params, n in groups)
@@ -970,9 +1038,9 @@ def _optimizer_seconds(params: float, layout: Layout, req: Request, experts: flo
     """Adam's update of this rank's share, bound by memory bandwidth: read the gradient, the
     master weights and both moments, write them back and the bf16 weights. (Routed experts are
     sharded over the ``dp / ep`` replicas holding them.)"""
-    recipe = memory.RECIPES[req.recipe]
+    recipe = _recipe(req)
     sharded = layout.sharding != "none"
-    share = (params / layout.dp if sharded else params) + (experts / (layout.dp // layout.ep) if sharded else experts)
+    share = (params / layout.dp if sharded else params) + (experts / edp_size(layout) if sharded else experts)
     moved = share * (recipe.grad_bytes + 2 * recipe.optimizer_bytes + recipe.weight_bytes)
     return moved / (req.gpu.hbm_tb_s * 1e12)
 
@@ -986,13 +1054,13 @@ def node_of(pp_rank: int, dp: int, tp: int, gpus_per_node: int) -> int:
 def lower_bound(layout: Layout, req: Request) -> float:
     """A step time no simulation can beat: the busiest rank's computation alone."""
     return layout.m * _busiest(req, layout.schedule, layout.p, layout.v, layout.num_stages, layout.balance,
-                               layout.b, layout.recompute, layout.tp, layout.ep, layout.cp)
+                               layout.b, layout.recompute, layout.tp, layout.ep, layout.cp, layout.etp)
 
 
 @functools.lru_cache(maxsize=16384)
 def _busiest(req: Request, schedule: str, p: int, v: int, num_stages: int, balance: str, b: int, recompute: str,
-             tp: int, ep: int = 1, cp: int = 1) -> float:
-    probe = Layout(tp, p, 1, schedule, v, b, 1, "none", recompute, balance, ep, cp)
+             tp: int, ep: int = 1, cp: int = 1, etp: int = 1) -> float:
+    probe = Layout(tp, p, 1, schedule, v, b, 1, "none", recompute, balance, ep, cp, etp)
     stage_cost, _ = _stage_costs(probe, req, layers_of(probe, req))
     split = schedule in schedules.SPLIT_BACKWARD
     # a DualPipeV pair may hide its all-to-alls (simulate.pair_slots): the bound counts computation only there
@@ -1002,6 +1070,8 @@ def _busiest(req: Request, schedule: str, p: int, v: int, num_stages: int, balan
 
 
 SLACK = 0.05  # the search lists the layouts within this fraction of the winner's step time
+# the global batches ppbook.plan.pipeline_pays asks about, as multiples of the request's (the page ports it)
+MULTIPLES = (1 / 16, 1 / 8, 1 / 4, 1 / 2, 1, 2, 4, 8, 16, 32)
 
 
 def request_defaults() -> dict:
@@ -1071,3 +1141,179 @@ def prediction_json(pred: Prediction) -> dict:
 def with_layout(req: Request, **fixed) -> Request:
     """``req`` narrowed to the layouts that have the ``fixed`` values (tp, schedules, ...)."""
     return replace(req, **fixed)
+
+
+# --- mixtures of experts as frameworks lay them out, FP8, other optimizers (issue 52) -----------------------------
+
+@functools.lru_cache(maxsize=64)
+def _recipe(req: Request) -> memory.Recipe:
+    """The request's memory recipe with its optimizer's state (:func:`ppbook.planner.memory.recipe_for`)."""
+    return memory.recipe_for(req.recipe, req.optimizer)
+
+
+def expert_load(req: Request) -> float:
+    """Tokens the busiest expert-parallel rank receives over the mean: ``moe_imbalance``, capped by a
+    ``capacity_factor`` where one is set (an expert then drops the tokens beyond it)."""
+    return min(req.moe_imbalance, req.capacity_factor) if req.capacity_factor > 0 else req.moe_imbalance
+
+
+@functools.lru_cache(maxsize=16384)
+def moe_layer_seconds(req: Request, tp: int, cp: int, b: int, ep: int, etp: int) -> dict[str, float]:
+    """One MoE layer's seconds on the busiest GPU for one microbatch of ``b`` sequences, laid out as
+    :func:`expert_layouts` lays experts (``ep`` and ``etp`` over the ``tp x cp x dp`` GPUs):
+
+    - ``compute_F``, ``compute_I``, ``compute_W``: attention, the router and the shared experts as
+      a dense layer's pass, divided over ``tp x cp``
+      (:func:`ppbook.planner.costs.moe_dense_costs`), plus the GPU's own routed experts
+      (:func:`ppbook.planner.costs.expert_costs`). A GPU's ``b s / (tp cp)`` tokens each go to
+      ``top_k`` experts; its ``E / ep`` experts, each split ``etp`` ways, receive the copies of
+      ``etp x ep`` GPUs' tokens: ``etp x`` its own copies in all, at ``1/etp`` of each expert's
+      width (the same FLOPs whatever the layout), ``etp ep b s k / (tp cp E)`` to each expert,
+      which sets the grouped products' efficiency. The busiest rank receives :func:`expert_load`
+      times the mean, and the layer waits for it;
+    - ``dispatch``: the expert-parallel traffic of one direction (the forward, or the input-gradient
+      pass): an all-to-all that dispatches the token copies and one that combines the outputs
+      (:func:`alltoall_seconds`, at a stride of ``etp``: within a node while ``etp x ep`` GPUs fit
+      in one, across nodes otherwise; with DeepEP, :func:`deepep_seconds`), the busiest rank's
+      bytes; with ``etp > 1`` also the all-gather of the received tokens over the ``etp`` GPUs
+      that split each expert and the reduce-scatter of their outputs (Megatron-Core's all-to-all
+      dispatcher);
+    - ``tp``: tensor parallelism's collectives that remain: attention's all-gather and
+      reduce-scatter (sequence parallelism), and the shared experts' where there are any; the
+      routed experts' tokens move by ``dispatch`` instead.
+
+    The traffic is bf16 whatever the precision (DeepSeek-V3 dispatches in FP8; not modelled)."""
+    shape, gpu = req.model, req.gpu
+    dt = memory.RECIPES[req.recipe].activation_bytes
+    load = expert_load(req)
+    dense = costs.moe_dense_costs(shape, gpu, b, req.seq_len, req.precision, tp * cp)
+    own = b * req.seq_len / (tp * cp)                                # this GPU's tokens
+    copies = own * shape.top_k * etp * load                           # routed copies its experts process
+    experts = costs.expert_costs(shape, gpu, copies, copies * ep / shape.experts, etp, req.precision)
+    sent = traffic.expert_dispatch_bytes(b, req.seq_len, shape.hidden, shape.top_k, dt, tp) / cp * load
+    if req.dispatcher == "deepep":
+        dispatch = 2 * deepep_seconds(req, sent, ep, etp)
+    else:
+        dispatch = 2 * alltoall_seconds(req, sent, ep, etp)
+    if etp > 1:
+        link = req.intra if etp <= req.gpus_per_node else req.inter
+        dispatch += 2 * link.gather(etp * sent, etp)
+    tp_part = 0.0
+    if tp > 1:
+        half = req.intra.allreduce(traffic.boundary_bytes(b, req.seq_len, shape.hidden, dt) / cp, tp)
+        tp_part = half * (2 if shape.shared_experts else 1)
+    return {"compute_F": dense.F + experts.F, "compute_I": dense.I + experts.I,
+            "compute_W": dense.W + experts.W, "dispatch": dispatch, "tp": tp_part}
+
+
+DISPATCHERS = ("alltoall", "deepep")
+
+
+def remote_nodes(experts: int, top_k: int, nodes: int) -> float:
+    """Other nodes a token's ``top_k`` experts are on, on average, when ``experts`` are spread evenly
+    over ``nodes`` and a token picks ``top_k`` different experts at random (a node holds none of
+    them with probability ``C(E - E/n, k) / C(E, k)``)."""
+    if nodes <= 1:
+        return 0.0
+    per_node = experts / nodes
+    miss = 1.0
+    for i in range(top_k):
+        miss *= max(0.0, (experts - per_node - i) / (experts - i))
+    return (nodes - 1) * (1 - miss)
+
+
+def deepep_seconds(req: Request, nbytes: float, ep: int, stride: int) -> float:
+    """Seconds of one DeepEP dispatch (or combine) of ``nbytes`` of token copies per GPU: DeepEP's
+    normal kernels send a token once over the network to each other node that holds any of its
+    experts, then forward it over NVLink to the GPUs of that node that need it (Zhao et al. 2025,
+    deepseek-ai/DeepEP; the DeepSeek-V3 report, section 3.2.2). Across nodes each token crosses
+    :func:`remote_nodes` times instead of ``top_k x`` the other nodes' share; within a node the
+    copies cross NVLink as in an all-to-all, and the slower of the two counts. Within one node it is
+    :func:`alltoall_seconds`."""
+    if ep * stride <= req.gpus_per_node or ep <= 1:
+        return alltoall_seconds(req, nbytes, ep, stride)
+    shape = req.model
+    local = max(1, req.gpus_per_node // stride)        # group members on one node
+    nodes = ep // local
+    per_token = nbytes / shape.top_k                    # one copy of a GPU's tokens
+    within = nbytes * (local - 1) / ep / req.intra.bandwidth
+    across = per_token * remote_nodes(shape.experts, shape.top_k, nodes) / req.inter.bandwidth
+    return (nodes - 1) * req.inter.latency + (local - 1) * req.intra.latency + max(within, across)
+
+
+def _moe_fp8_activation_bytes(req: Request, owned: list[int], tokens: int, recompute: str, tp: int, cp: int,
+                              etp: int) -> float:
+    """Bytes one stage holding ``owned`` layers keeps per microbatch on the busiest GPU beyond the
+    count of :func:`ppbook.planner.memory.stage_activation_bytes` (divided over ``tp x cp``): its
+    MoE layers' experts at :func:`expert_load` and gathered over ``etp``
+    (:func:`ppbook.planner.memory.expert_activation_extra`), less what an FP8 recipe saves by
+    keeping the inputs of its linear layers in FP8 (:func:`ppbook.planner.memory.fp8_saved_values`).
+    0 for a dense model in bf16."""
+    shape = req.model
+    precision = memory.precision_of(req.precision)
+    if not shape.moe and not precision.fp8:
+        return 0.0
+    dt = memory.RECIPES[req.recipe].activation_bytes
+    own = tokens / (tp * cp)
+    load = expert_load(req)
+    n_moe = sum(1 for i in owned if shape.moe and i >= shape.dense_layers)
+    out = n_moe * own * memory.expert_activation_extra(shape, req.kernels, recompute, etp, load) * dt if n_moe else 0.0
+    if precision.fp8:
+        values = ((len(owned) - n_moe) * memory.fp8_saved_values(shape, req.kernels, recompute, False)
+                  + n_moe * memory.fp8_saved_values(shape, req.kernels, recompute, True, etp, load))
+        out -= own * values * (dt - precision.saved_input_bytes)
+    return out
+
+
+def _fp8_weight_bytes(req: Request, t: _Tables, stages, layout: Layout, gathered_share: float = 1.0) -> float:
+    """Bytes an FP8 recipe keeps on one GPU beyond bf16 training's state: the FP8 copies of the
+    weights of its linear layers (:attr:`ppbook.planner.memory.Precision.weight_copy_bytes`; under
+    FSDP, of the ``gathered_share`` of its weights gathered at its peak) and, for delayed scaling,
+    each FP8 tensor's history of maxima (three a linear layer, each expert's its own). The master
+    weights, gradients and optimizer state are bf16 training's."""
+    precision = memory.precision_of(req.precision)
+    if not precision.fp8:
+        return 0.0
+    shape = req.model
+    experts = sum(t.experts[s] for s in stages)
+    linear = sum(t.linear[s] for s in stages) - experts + experts * expert_share(layout)
+    copies = linear * precision.weight_copy_bytes * gathered_share
+    if not precision.amax_history:
+        return copies
+    first, last = end_weights(req) if layout.balance == "ends" else (0, 0)
+    layers = _stage_layers_cached(shape.layers, len(t.params), first, last)
+    tensors = 0
+    for s in stages:
+        for i in layers[s]:
+            moe = shape.moe and i >= shape.dense_layers
+            groups = shapes.block_weight_groups(shape, moe) - 2 - (1 if moe else 0)  # linear layers: no norms, router
+            if moe:  # the routed experts' matrices: one GEMM per local expert
+                matrices = 3 if shapes.gated(shape) else 2
+                groups += matrices * (shape.experts // layout.ep - 1)
+            tensors += 3 * groups
+    return copies + tensors * precision.amax_history * 4
+
+
+def moe_fp8_problem(req: Request) -> str | None:
+    """Why the request's precision, optimizer or expert options cannot be planned, in one line with
+    the fix; ``None`` if they can (all defaults can)."""
+    if req.precision not in memory.PRECISIONS:
+        return f"unknown precision {req.precision!r}; use one of {', '.join(memory.PRECISIONS)}"
+    problem = costs.precision_problem(req.precision, req.gpu.name)
+    if problem:
+        return problem
+    if req.precision != "bf16" and memory.RECIPES[req.recipe].activation_bytes != 2:
+        return f"--precision {req.precision} runs beside bf16 weights and activations; use --recipe bf16 or bf16-grads"
+    if req.optimizer not in memory.OPTIMIZER_STATE:
+        return f"unknown optimizer {req.optimizer!r}; use one of {', '.join(memory.OPTIMIZER_STATE)}"
+    if req.dispatcher not in DISPATCHERS:
+        return f"unknown dispatcher {req.dispatcher!r}; use one of {', '.join(DISPATCHERS)}"
+    if not (math.isfinite(req.moe_imbalance) and req.moe_imbalance >= 1):
+        return (f"--moe-imbalance is the busiest expert-parallel rank's tokens over the mean, at least 1; "
+                f"got {req.moe_imbalance}")
+    if not (math.isfinite(req.capacity_factor) and req.capacity_factor >= 0):
+        return f"--capacity-factor must be 0 (dropless) or a positive number; got {req.capacity_factor}"
+    if req.model.moe and req.etps and not any(e <= req.gpus_per_node and req.model.expert_ffn % e == 0 for e in req.etps):
+        return (f"--etp: none of {list(req.etps)} divides the experts' width {req.model.expert_ffn} within a node of "
+                f"{req.gpus_per_node}; try --etp 1")
+    return None

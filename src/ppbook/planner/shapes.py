@@ -157,6 +157,14 @@ def routed_expert_parameters(shape: ModelShape, index: int = 0) -> int:
     return shape.experts * mlp_parameters(shape, shape.expert_ffn)
 
 
+def linear_parameters(shape: ModelShape, index: int = 0) -> int:
+    """Parameters of layer ``index``'s linear layers, the matrices an FP8 recipe runs in FP8 (and their
+    biases): the layer's parameters less its two norms and an MoE layer's router, which stay bf16."""
+    router = (shape.hidden * shape.experts + (shape.experts if shape.router_bias else 0)
+              if shape.moe and index >= shape.dense_layers else 0)
+    return layer_parameters(shape, index) - 2 * _norm(shape, shape.hidden) - router
+
+
 def active_layer_parameters(shape: ModelShape, index: int = 0) -> int:
     """Parameters one token uses in layer ``index``: an MoE layer's router, shared experts and
     ``top_k`` routed experts; a dense layer's all."""
@@ -251,6 +259,11 @@ PRESETS: dict[str, ModelShape] = {s.name: s for s in [
     _llama("qwen2.5-14b", 152064, 5120, 48, 40, 8, 13824, 14.7e9, _HF + "; Qwen2.5 report: 14.7B", qkv_bias=True),
     _llama("qwen2.5-32b", 152064, 5120, 64, 40, 8, 27648, 32.5e9, _HF + "; Qwen2.5 report: 32.5B", qkv_bias=True),
     _llama("qwen2.5-72b", 152064, 8192, 80, 64, 8, 29568, 72.7e9, _HF + "; Qwen2.5 report: 72.7B", qkv_bias=True),
+    # Qwen3 mixtures of experts: every layer an MoE layer (decoder_sparse_step 1), 128 experts, 8 a token, head_dim 128
+    _llama("qwen3-30b-a3b", 151936, 2048, 48, 32, 4, 6144, 30.5e9, _HF + "; Qwen3 report: 30.5B total, 3.3B active",
+           head_dim=128, experts=128, top_k=8, expert_ffn=768),
+    _llama("qwen3-235b-a22b", 151936, 4096, 94, 64, 4, 12288, 235e9, _HF + "; Qwen3 report: 235B total, 22B active",
+           head_dim=128, experts=128, top_k=8, expert_ffn=1536),
     _gpt("gpt3-175b", 50257, 12288, 96, 96, 175e9, "Brown et al. 2020, Table 2.1"),
     _gpt("opt-175b", 50272, 12288, 96, 96, 175e9, "Zhang et al. 2022 (OPT), Table 1", max_positions=2050),
     ModelShape("bloom-176b", 250880, 14336, 70, 112, 112, 4 * 14336, tied=True, mlp="gelu", norm="layer", bias=True,
@@ -390,6 +403,80 @@ def load(name_or_path: str) -> ModelShape:
             raise ValueError(f"--model {name_or_path}: not a JSON file ({e})") from None
         return from_hf_config(config, path.name)
     raise ValueError(f"--model {name_or_path!r} is neither a preset ({', '.join(PRESETS)}) nor a config.json path")
+
+
+def config_of(name_or_path: str) -> dict | None:
+    """The Hugging Face ``config.json`` behind ``--model`` (``None`` for a preset or ``custom``), read
+    as :func:`load` reads it."""
+    if name_or_path in PRESETS or name_or_path == "custom" or not Path(name_or_path).is_file():
+        return None
+    try:
+        config = json.loads(Path(name_or_path).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return config if isinstance(config, dict) else None
+
+
+# --- layers the planner does not time ------------------------------------------------------------------------
+
+# what a ``layer_types`` entry (Gemma 2/3, Qwen3-Next, GPT-OSS, Kimi Linear ...) names, as the planner times it
+SOFTMAX_LAYER_TYPES = ("full_attention", "attention", "global_attention", "global")
+SSM_KEYS = ("mamba_d_state", "mamba_d_conv", "mamba_expand", "mamba_n_heads", "mamba_head_dim", "ssm_state_size",
+            "state_size", "d_state", "conv_kernel", "ssm_cfg", "time_step_rank")
+
+
+def unmodelled_layers(config: dict, seq_len: int | None = None, name: str = "config.json") -> list[str]:
+    """Layers of a Hugging Face ``config`` the planner cannot time, one line each naming the kind and
+    the key it was read from: linear attention (``layer_types``, MiniMax's ``attn_type_list``, Kimi
+    Linear's ``linear_attn_config``), state-space (Mamba) layers (``mamba_*``/``ssm_*`` keys,
+    Nemotron-H's ``hybrid_override_pattern``, Jamba's ``attn_layer_period``), and sliding-window or
+    chunked attention where the sequence (``seq_len``, when given) is longer than the window. The
+    planner times every layer as softmax attention over the whole sequence, so its answer for such
+    a model is an estimate of a model it is not; an empty list when there is nothing to say."""
+    c = {k: v for k, v in config.items() if v is not None}
+    layers = c.get("num_hidden_layers") or c.get("n_layer") or c.get("num_layers")
+    of = f" of {layers}" if isinstance(layers, int) else ""
+    timed = "which the planner times as softmax attention over the whole sequence"
+    lines = []
+    window = c.get("sliding_window") if c.get("use_sliding_window", True) is not False else None
+    longer = isinstance(window, int) and (seq_len is None or seq_len > window)
+    types = c.get("layer_types")
+    if isinstance(types, list):
+        counts: dict[str, int] = {}
+        for kind in types:
+            if str(kind) not in SOFTMAX_LAYER_TYPES:
+                counts[str(kind)] = counts.get(str(kind), 0) + 1
+        for kind, n in counts.items():
+            if "sliding" in kind and not longer:
+                continue  # a window at least as long as the sequence attends to all of it
+            detail = f" (a window of {window} tokens)" if "sliding" in kind and isinstance(window, int) else ""
+            lines.append(f"{name}: {n} of {len(types)} layers are {kind.replace('_', ' ')}{detail} (layer_types), {timed}")
+    elif longer:
+        lines.append(f"{name}: sliding-window attention of {window} tokens (sliding_window), {timed}")
+    if isinstance(c.get("attn_type_list"), list):
+        linear = sum(1 for x in c["attn_type_list"] if x == 0)
+        if linear:
+            lines.append(f"{name}: {linear} of {len(c['attn_type_list'])} layers are linear (lightning) attention "
+                         f"(attn_type_list 0), {timed}")
+    if isinstance(c.get("linear_attn_config"), dict):
+        kda = c["linear_attn_config"].get("kda_layers")
+        count = f"{len(kda)}{of} layers are" if isinstance(kda, list) else "some layers are"
+        lines.append(f"{name}: {count} linear attention (linear_attn_config), {timed}")
+    pattern = c.get("hybrid_override_pattern")
+    if isinstance(pattern, str) and "M" in pattern:
+        lines.append(f"{name}: {pattern.count('M')} of {len(pattern)} layers are Mamba (state-space) layers "
+                     f"(hybrid_override_pattern 'M'), {timed}")
+    elif isinstance(c.get("attn_layer_period"), int) and isinstance(layers, int):
+        mamba = layers - layers // max(1, c["attn_layer_period"])
+        lines.append(f"{name}: {mamba}{of} layers are Mamba (state-space) layers (attn_layer_period "
+                     f"{c['attn_layer_period']}), {timed}")
+    elif any(k in c for k in SSM_KEYS) or any(x in str(c.get("model_type", "")) for x in ("mamba", "ssm")):
+        found = next((k for k in SSM_KEYS if k in c), "model_type")
+        lines.append(f"{name}: state-space (Mamba) layers ({found}), {timed}")
+    chunk = c.get("attention_chunk_size")
+    if isinstance(chunk, int) and (seq_len is None or seq_len > chunk):
+        lines.append(f"{name}: chunked attention of {chunk} tokens (attention_chunk_size), {timed}")
+    return lines
 
 
 def validate(shape: ModelShape) -> ModelShape:
