@@ -170,6 +170,8 @@ def pytest_collection_finish(session):
     if launches and os.environ.get(zygote.FORCE_TORCHRUN) != "torchrun" and not os.environ.get(zygote.ENV):
         log = session.config._tmp_path_factory.mktemp("zygote") / "zygote.log"
         session.config.stash[ZYGOTE_KEY] = zygote.start(launch.child_env(), log=log)
+    elif os.environ.get(zygote.ENV):
+        zygote.plug_in()  # a server of the process that started this session (a build's, a test's)
     if any(_uses_book(item) for item in session.items):
         pdf = any("built_pdf" in getattr(item, "fixturenames", ()) for item in session.items)
         session.config.stash[BOOK_KEY] = BookBuild(session.config, pdf=pdf)

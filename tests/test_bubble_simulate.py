@@ -2,8 +2,9 @@ import math
 
 import pytest
 
-from ppbook import bubble, simulate, timeline
-from ppbook.simulate import Action
+from ppbook import bubble, timeline, torch_orders
+from ppbook.planner import schedules, simulate
+from ppbook.planner.schedules import Action
 
 
 @pytest.mark.parametrize("p", [1, 2, 3, 4, 8])
@@ -14,13 +15,13 @@ def test_simulator_reproduces_the_closed_forms(p, m, schedule, f, b):
     """Equal stage costs, no latency: step = (m + p - 1)(F + B), each rank busy m (F + B)."""
     if schedule == "1F1B" and m < p:
         pytest.skip("1F1B needs m >= p")
-    events = simulate.simulate(simulate.HAND_WRITTEN_ORDERS[schedule](p, m), {"F": f, "B": b})
+    events = simulate.simulate(schedules.HAND_WRITTEN_ORDERS[schedule](p, m), {"F": f, "B": b})
     t0, t1 = timeline.span(events)
     assert math.isclose(t1 - t0, (m + p - 1) * (f + b))
     for rank, busy in timeline.busy_fractions(events).items():
         assert math.isclose(busy, bubble.busy_fraction(p, m))
         assert math.isclose(1 - busy, bubble.bubble_fraction(p, m))
-    naive = simulate.simulate(simulate.gpipe_order(p, 1), {"F": f * m, "B": b * m})
+    naive = simulate.simulate(schedules.gpipe_order(p, 1), {"F": f * m, "B": b * m})
     assert math.isclose(timeline.span(naive)[1] / (t1 - t0), bubble.speedup_over_naive(p, m))
 
 
@@ -57,11 +58,11 @@ def test_gpipe_order_matches_torchs_description():
         for r in range(p):
             torch_actions = [Action(a.stage_index, kinds[a.computation_type.name], a.microbatch_index)
                              for a in theirs[r] if a is not None and a.computation_type.name in kinds]
-            assert torch_actions == simulate.gpipe_order(p, m)[r], (p, m, r)
+            assert torch_actions == schedules.gpipe_order(p, m)[r], (p, m, r)
 
 
 def test_latency_and_per_stage_costs():
-    events = simulate.simulate(simulate.gpipe_order(2, 1), {(0, "F"): 1, (1, "F"): 2, (0, "B"): 3, (1, "B"): 4},
+    events = simulate.simulate(schedules.gpipe_order(2, 1), {(0, "F"): 1, (1, "F"): 2, (0, "B"): 3, (1, "B"): 4},
                                latency=0.5)
     by = {e.label: e for e in events}
     assert by["1F0"].start == 1.5 and by["1B0"].start == 3.5 and by["0B0"].start == 8.0
@@ -75,7 +76,7 @@ def test_deadlock_is_reported():
 
 
 def test_recorded_events_round_trip_and_comm_latency():
-    events = simulate.simulate(simulate.gpipe_order(2, 4), {"F": 1.0, "B": 2.0}, latency=0.25)
+    events = simulate.simulate(schedules.gpipe_order(2, 4), {"F": 1.0, "B": 2.0}, latency=0.25)
     assert timeline.from_json(timeline.to_json(events)) == events
     assert math.isclose(timeline.comm_latency(events), 0.25)
     costs = timeline.mean_costs(events)
@@ -85,7 +86,7 @@ def test_recorded_events_round_trip_and_comm_latency():
 def test_overheads_per_kind_are_measured_and_replayed():
     """Gaps a rank spends on its own before each kind of action are recovered from a timeline
     and, fed back, reproduce it exactly."""
-    order = simulate.gpipe_order(2, 4)
+    order = schedules.gpipe_order(2, 4)
     gaps = {(0, "F"): 0.1, (0, "B"): 0.7, (1, "F"): 0.2, (1, "B"): 0.3}
     events = simulate.simulate(order, {"F": 1.0, "B": 2.0}, latency=0.25, overhead=gaps)
     measured = timeline.action_overheads([events], timeline.comm_latency(events))
@@ -96,7 +97,7 @@ def test_overheads_per_kind_are_measured_and_replayed():
 
 
 def test_latency_can_be_drawn_per_handoff():
-    order = simulate.gpipe_order(2, 2)
+    order = schedules.gpipe_order(2, 2)
     slow_second = lambda sent, received: 5.0 if sent.microbatch == 1 and sent.kind == "F" else 0.0  # noqa: E731
     events = simulate.simulate(order, {"F": 1.0, "B": 1.0}, latency=slow_second)
     by = {e.label: e for e in events}
@@ -108,7 +109,7 @@ def test_predicted_vs_measured_on_a_simulated_run():
     """A 'measured' run that is itself a simulation is predicted exactly."""
     from ppbook import fit, measure
 
-    order = simulate.gpipe_order(2, 4)
+    order = schedules.gpipe_order(2, 4)
     events = simulate.simulate(order, {"F": 1.0, "B": 2.0}, latency=0.25)
     step = measure.step_summary(events, seconds=timeline.span(events)[1])
     measured, predicted = fit.predicted_vs_measured({"steps": [step, step]}, order, draws=5)
@@ -121,8 +122,8 @@ def test_plot_on_shared_axes_never_cuts_an_earlier_longer_timeline():
     x-limit, cutting every longer one drawn before it."""
     import matplotlib.pyplot as plt
 
-    long = simulate.simulate(simulate.torch_order("GPipe", 4, 8), {"F": 1.0, "B": 2.0})
-    short = simulate.simulate(simulate.torch_order("GPipe", 2, 2), {"F": 1.0, "B": 2.0})
+    long = simulate.simulate(torch_orders.torch_order("GPipe", 4, 8), {"F": 1.0, "B": 2.0})
+    short = simulate.simulate(torch_orders.torch_order("GPipe", 2, 2), {"F": 1.0, "B": 2.0})
     fig, axes = plt.subplots(2, 1, sharex=True)
     timeline.plot(long, ax=axes[0], labels=False, time_unit="s")
     timeline.plot(short, ax=axes[1], labels=False, time_unit="s")

@@ -7,6 +7,7 @@ samples and the whole built site."""
 
 from __future__ import annotations
 
+import os
 import sys
 import textwrap
 from pathlib import Path
@@ -91,11 +92,16 @@ def test_hide_in_notebook_cleans_every_text_output_and_leaves_code_and_images():
 
 
 @pytest.mark.book  # starts a kernel: not among the pure tests of make test-fast
+@pytest.mark.torchrun  # the session's launch server runs: the page's launch forks from it
 def test_the_build_executor_hides_paths(tmp_path):
     """``build_book.execute`` (what ``make book`` and ``run_page.py`` run) hides them in a real
-    traceback: a failing call into the installed torch, from a page outside the repository."""
+    traceback: a failing call into the installed torch, from a page outside the repository.
+    The same kernel shows the launch server plugged in: ``ppbook.launch`` never imports it, the
+    executor starts each kernel with its IPython extension (issue 53), so a page's launch forks."""
     from build_book import execute
+    from ppbook_tools import zygote
 
+    (tmp_path / "probe.py").write_text("import json, sys\njson.dump({}, open(sys.argv[-1], 'w'))\n")
     page = tmp_path / "page.md"
     page.write_text(textwrap.dedent("""\
         ---
@@ -105,13 +111,20 @@ def test_the_build_executor_hides_paths(tmp_path):
           name: python3
         ---
         ```{code-cell} ipython3
+        import pathlib
+        from ppbook import launch
+        print("FORKED", launch.python(pathlib.Path("probe.py").resolve(), timeout=60).forked)
+        ```
+        ```{code-cell} ipython3
         :tags: [raises-exception]
         import torch.distributed as dist
         dist.get_rank(group=object())
         ```
         """))
     notebook, _, error = execute(page, timeout=60, allow_errors=False)
-    assert error is None
+    assert error is None, error
+    server = bool(os.environ.get(zygote.ENV)) and os.environ.get(zygote.FORCE_TORCHRUN) != "torchrun"
+    assert notebook.cells[0].outputs[0]["text"] == f"FORKED {server}\n"
     shown = nbformat.writes(notebook)
     assert "site-packages/torch/distributed" in shown  # the frame is there, named as a reader would
     assert not machine_paths.found(shown), machine_paths.found(shown)

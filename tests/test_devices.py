@@ -175,10 +175,9 @@ TRACKED_RUNS = [
     ("07_checkpointing.py", [*S, "--microbatches", "2", "--steps", "3", "--save-dir", "{tmp}", "--resume", "--check"]),
     ("08_beyond_chain.py", [*S, "--microbatches", "2", "--steps", "1", "--check"]),
     ("09_scaling_out.py", [*S, "--microbatches", "2", "--dp", "1", "--steps", "1", "--check"]),
-    ("12_combinations.py", ["--section", "shapes", "--check", "--documents", "16", "--batch-size", "4", "--buckets",
-                            "16", "32", "--layers", "2", "--dim", "32"]),
-    ("12_combinations.py", ["--section", "recompute", "--check", "--layers", "2", "--dim", "32", "--steps", "1",
-                            "--warmup", "0"]),
+    ("12_shapes.py", ["--check", "--documents", "16", "--batch-size", "4", "--buckets", "16", "32", "--layers", "2",
+                      "--dim", "32"]),
+    ("12_recompute.py", ["--check", "--layers", "2", "--dim", "32", "--steps", "1", "--warmup", "0"]),
     ("13_moe.py", ["--pp", "1", "--ep", "1", "--check", "--layers", "2", "--dim", "32", "--steps", "1", "--warmup",
                    "0"]),
     ("14_own_schedule.py", ["--check", "--schedules", "1F1B-hand", "1F1B", "Interleaved1F1B", "ZB-H2", "V-Half",
@@ -281,7 +280,7 @@ def test_looped_schedules_at_one_process_gated_on_old_torch_gloo(monkeypatch):
 # refused DualPipeV with --device cuda, its gate asking about the CPU whatever the device).
 GATED = [("05_schedules.py", ["--schedules", "DualPipeV", "--layers", "8", "--microbatches", "8",
                               "--batch-size", "32"], 2),
-         ("12_combinations.py", ["--section", "compile", "--schedules", "ZBVZeroBubble"], 1),
+         ("12_compile.py", ["--schedules", "ZBVZeroBubble"], 1),
          ("13_moe.py", ["--pp", "1", "--ep", "1", "--runs", "DualPipeV"], 1),
          ("14_own_schedule.py", ["--schedules", "V-Half"], 2),
          ("15_packed.py", ["--schedules", "Interleaved1F1B"], 1)]
@@ -334,7 +333,7 @@ def test_12_compile_keeps_in_place_blocks_from_old_torchs_weight_pass_on_the_cpu
     """torch 2.11's weight pass (a split backward's W) fails on gloo at a block compiled in place
     ("'_input_metadata' is invalid", InterleavedZeroBubble at two processes, found by make
     torch-versions TORCH=2.11.0): that run is refused before anything is built, in the report's line."""
-    mod = load_script("12_combinations.py")
+    mod = load_script("12_compile.py")
     monkeypatch.setattr(torch, "__version__", "2.11.0+cu130")
     monkeypatch.setattr(mod, "build_stages", lambda *a, **k: pytest.fail("stages were built"))
     info = ppdist.DistInfo(0, 2, 0, torch.device("cpu"), "gloo")

@@ -15,7 +15,7 @@ import matplotlib.pyplot as plt
 import pytest
 from matplotlib.colors import to_hex
 
-from ppbook import simulate, timeline
+from ppbook import timeline, torch_orders
 from ppbook.diagrams import schedule
 from ppbook.planner.schedules import TORCH_SCHEDULES, Action, stage_indices
 
@@ -50,7 +50,7 @@ def read_back(ax, name: str, p: int) -> dict[int, list[Action]]:
 @pytest.mark.parametrize("name", TORCH_SCHEDULES)
 def test_figure_shows_the_schedules_actions(name):
     p, m = 2, 4
-    order = simulate.torch_order(name, p, m)
+    order = torch_orders.torch_order(name, p, m)
     fig, ax = plt.subplots(figsize=(10, 2))
     schedule.draw(order, ax=ax, costs={"F": 1, "B": 2, "I": 1, "W": 1})
     assert read_back(ax, name, p) == order
@@ -67,7 +67,7 @@ def test_figure_shows_the_schedules_actions(name):
 def test_narrower_figures_say_less_but_still_show_the_order(width, form):
     """A narrower figure makes every block of the panel say less (``3``, then ``3`` over ``s5``,
     then ``5F3``), never spill: what is left, with the colour and shade, still reads as the order."""
-    order = simulate.torch_order("ZBVZeroBubble", 2, 4)
+    order = torch_orders.torch_order("ZBVZeroBubble", 2, 4)
     fig, ax = plt.subplots(figsize=(width, 2))
     schedule.draw(order, ax=ax, costs={"F": 1, "B": 2, "I": 1, "W": 1})
     assert read_back(ax, "ZBVZeroBubble", 2) == order
@@ -78,17 +78,17 @@ def test_narrower_figures_say_less_but_still_show_the_order(width, form):
 def test_torch_pipeline_order_grid_is_drawn_as_torch_lists_it():
     """Drawn from torch's own ``pipeline_order`` (idle steps as None, overlapped pairs as one
     step): every computation torch lists is one block, in torch's step."""
-    ops = simulate.schedule_ops("DualPipeV", 2, 4, 2)
+    ops = torch_orders.schedule_ops("DualPipeV", 2, 4, 2)
     ops[1].insert(0, None)  # an idle step, as torch pads other schedules' grids
     fig, ax = plt.subplots(figsize=(14, 2))
     schedule.draw(dict(enumerate(ops)), ax=ax)
     drawn = schedule.blocks(dict(enumerate(ops)))
-    assert read_back(ax, "DualPipeV", 2) == simulate._from_torch(ops)
+    assert read_back(ax, "DualPipeV", 2) == torch_orders._from_torch(ops)
     steps = {(b.rank, b.action): b.start for b in drawn}
     for rank, acts in enumerate(ops):
         for k, entry in enumerate(acts):
             if entry is not None and entry.sub_actions:
-                for sub in simulate._from_torch([[entry]])[0]:
+                for sub in torch_orders._from_torch([[entry]])[0]:
                     assert k <= steps[(rank, sub)] < k + 1  # the pair shares torch's step k
     assert any(a is not None and a.sub_actions for acts in ops for a in acts)
     plt.close(fig)
@@ -98,7 +98,7 @@ def test_unit_steps_follow_the_data_flow():
     """Without costs, each action is one step and starts once its input exists: GPipe's last rank
     starts at step p - 1, and a rank never runs two blocks at once."""
     p, m = 4, 4
-    drawn = schedule.blocks(simulate.torch_order("GPipe", p, m))
+    drawn = schedule.blocks(torch_orders.torch_order("GPipe", p, m))
     assert min(b.start for b in drawn if b.rank == p - 1) == p - 1
     for rank in range(p):
         mine = [b for b in drawn if b.rank == rank]

@@ -36,7 +36,7 @@ def test_the_records_own_lines_say_what_went_wrong(gpu_record):
     expected = {"06_loss_and_masks.py": "No backend type associated with device type cpu",
                 "09_scaling_out.py": "max |weight - ref| = 2.37e-05",
                 "13_moe.py": "DualPipeV on gloo (CPU) needs torch >= 2.13",
-                "12_combinations.py shapes": "found at least two devices, cuda:0 and cpu",
+                "12_shapes.py": "found at least two devices, cuda:0 and cpu",
                 "15_packed.py": "'BlockMask' object has no attribute 'requires_grad'"}
     for name, text in expected.items():
         assert text in launches[name]["evidence"], name

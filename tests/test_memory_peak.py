@@ -1,4 +1,4 @@
-"""The accounting of a training step's peak (``ppbook.memory.predict_peak``,
+"""The accounting of a training step's peak (``ppbook.model_memory.predict_peak``,
 ``ppbook.planner.memory.training_peak``) against what the allocator measured on a GPU and what
 torch allocates on the CPU.
 
@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from helpers.live_bytes import LiveBytes, train_06_peaks
-from ppbook import launch, memory, recompute
+from ppbook import launch, model_memory, recompute
 from ppbook.models import LlamaConfig, build_model
 from ppbook.planner import memory as pm
 from ppbook.planner.shapes import ModelShape
@@ -44,8 +44,8 @@ def recorded_runs() -> list[dict]:
 
 
 def predicted(row: dict, weight_casts: str = "autocast") -> float:
-    total = memory.predict_peak(row["cfg"], row["schedule"], row["m"], row["b"], row["seq"], weight_casts).total
-    assert memory.predict_train_peak(row["argv"], weight_casts).total == total
+    total = model_memory.predict_peak(row["cfg"], row["schedule"], row["m"], row["b"], row["seq"], weight_casts).total
+    assert model_memory.predict_train_peak(row["argv"], weight_casts).total == total
     return total
 
 
@@ -71,7 +71,7 @@ def test_the_plain_loop_peaks_too():
     """mem.json's plain loop (the whole batch in one forward and backward, measured from what was
     allocated before it: cuBLAS's workspaces were)."""
     for row in recorded_runs():
-        whole = memory.predict_peak(row["cfg"], "none", 1, row["b"] * row["m"], row["seq"], "autocast")
+        whole = model_memory.predict_peak(row["cfg"], "none", 1, row["b"] * row["m"], row["seq"], "autocast")
         assert whole.total - pm.workspace_bytes() == pytest.approx(row["plain_max_allocated"], rel=0.10), row["tag"]
 
 
@@ -81,10 +81,10 @@ def test_the_accounting_before_issue_48_was_not_within_10_percent():
     misses, olds = 0, []
     for row in recorded_runs():
         cfg, L = row["cfg"], row["cfg"].n_layers
-        held = memory.peak_microbatches(row["schedule"], 1, row["m"])[0]
-        old = (memory.stage_state(cfg, L, True, True).total
-               + held * (memory.stage_activation_bytes(cfg, row["b"], row["seq"], L, True, True)
-                         + memory.logits_bytes(cfg, row["b"], row["seq"], loss_dtype_bytes=4)))
+        held = model_memory.peak_microbatches(row["schedule"], 1, row["m"])[0]
+        old = (model_memory.stage_state(cfg, L, True, True).total
+               + held * (model_memory.stage_activation_bytes(cfg, row["b"], row["seq"], L, True, True)
+                         + model_memory.logits_bytes(cfg, row["b"], row["seq"], loss_dtype_bytes=4)))
         olds.append(round(old / 1e9, 1))
         misses += abs(old / row["pipeline_max_allocated"] - 1) > 0.10
     assert olds == [36.7, 15.4, 36.7, 25.2]  # the record's README
@@ -153,7 +153,7 @@ def test_a_block_under_autocast_saves_what_the_count_says(name):
     plus the float32 output, the size of the input the count includes)."""
     cfg = CONFIGS[name]
     block, x, cos, sin = autocast_block(cfg)
-    shape = memory.shape_of(cfg)
+    shape = model_memory.shape_of(cfg)
     want = pm.book_block_tensors(shape, B, T, "autocast", "cpu")
     params = {p.untyped_storage().data_ptr() for p in block.parameters()}
     with torch.autocast("cpu", torch.bfloat16):
@@ -182,7 +182,7 @@ def test_autocast_keeps_one_weight_copy_per_region(regions):
     region's copies stay alive in its microbatch's saved graph until that backward."""
     cfg = CONFIGS["book default (GQA 4:2)"]
     block, x, cos, sin = autocast_block(cfg)
-    shape = memory.shape_of(cfg)
+    shape = model_memory.shape_of(cfg)
     cast = sum(e for _, e, c in pm.book_parameter_tensors(shape) if c and _ != "head") // shape.layers
     casts = []
     live = LiveBytes()
@@ -236,14 +236,14 @@ def test_the_per_step_state_is_the_planners_bf16_recipe():
     """With bf16 compute copies made once per step, the state at a backward is the planner's
     default recipe (2 + 4 + 4 + 8 bytes a parameter): one accounting for the book and the planner."""
     cfg = LlamaConfig(vocab_size=512, dim=128, n_layers=2, n_heads=4, n_kv_heads=2, ffn_hidden_dim=352, max_seq_len=64)
-    peak = memory.predict_peak(cfg, "1F1B", 4, 1, 64, "per-step")
-    params = memory.stage_parameters(cfg, 2, True, True)
+    peak = model_memory.predict_peak(cfg, "1F1B", 4, 1, 64, "per-step")
+    params = model_memory.stage_parameters(cfg, 2, True, True)
     state = pm.state_bytes(params, pm.RECIPES["bf16"], "none", 1)
     parts = peak.parts
     assert parts["weight copies (bf16)"] == state.parameters
     assert parts["parameters (float32)"] + parts["AdamW moments"] == state.optimizer
     assert parts["gradients (float32)"] == state.gradients
-    assert sum(e for _, e, _ in pm.book_parameter_tensors(memory.shape_of(cfg))) == memory.llama_parameters(cfg)
+    assert sum(e for _, e, _ in pm.book_parameter_tensors(model_memory.shape_of(cfg))) == model_memory.llama_parameters(cfg)
 
 
 def test_bad_arguments_are_refused():
@@ -251,18 +251,18 @@ def test_bad_arguments_are_refused():
     for kwargs, words in (({"weight_casts": "bf16"}, "weight_casts"), ({"device": "tpu"}, "device"),
                           ({"optimizer": "adam"}, "optimizer")):
         with pytest.raises(ValueError, match=words):
-            memory.predict_peak(cfg, "GPipe", 2, 1, 16, **kwargs)
+            model_memory.predict_peak(cfg, "GPipe", 2, 1, 16, **kwargs)
     with pytest.raises(ValueError, match="one stage"):
-        memory.predict_peak(cfg, "ZBVZeroBubble", 2, 1, 16)
+        model_memory.predict_peak(cfg, "ZBVZeroBubble", 2, 1, 16)
     with pytest.raises(ValueError, match="book"):
-        pm.layer_activation_values(memory.shape_of(cfg), "fused", weight_casts="autocast")
+        pm.layer_activation_values(model_memory.shape_of(cfg), "fused", weight_casts="autocast")
 
 
 @pytest.mark.parametrize("schedule,m", [("gpipe", 4), ("1f1b", 4), ("gpipe", 2)])
 def test_06_train_peaks_where_the_count_says_on_the_cpu(schedule, m):
     """``scripts/06_train.py`` itself, in bf16 at one stage on the CPU, every tensor it allocates
     counted from its first ``schedule.step`` on: the peak of its second step's passes is
-    :func:`~ppbook.memory.predict_peak`'s, to the byte (GPipe peaks at a backward with every
+    :func:`~ppbook.model_memory.predict_peak`'s, to the byte (GPipe peaks at a backward with every
     microbatch held and no gradient yet, or at the second, once the gradients exist; 1F1B at its
     last), and clipping with AdamW's step stays below the passes' peak, at its own count."""
     cfg = dict(layers=2, dim=64, heads=4, kv=2, vocab=512, seq=32, batch=4)
@@ -273,9 +273,9 @@ def test_06_train_peaks_where_the_count_says_on_the_cpu(schedule, m):
     llama = LlamaConfig(vocab_size=cfg["vocab"], dim=cfg["dim"], n_layers=cfg["layers"], n_heads=cfg["heads"],
                         n_kv_heads=cfg["kv"], ffn_hidden_dim=-(-8 * cfg["dim"] // 3 // 16) * 16,
                         max_seq_len=cfg["seq"])
-    want = memory.predict_peak(llama, SCHEDULES[schedule], m, cfg["batch"] // m, cfg["seq"], "master", "cpu")
+    want = model_memory.predict_peak(llama, SCHEDULES[schedule], m, cfg["batch"] // m, cfg["seq"], "master", "cpu")
     assert want.moment != "optimizer step"
     assert peaks["passes"][1] == peaks["passes"][2] == want.total, want.parts
     # 06_train keeps its Linear weights' bf16 copies (precision.MasterWeights) through the optimizer step
     assert peaks["between"][1] == want.moments["optimizer step"]
-    assert memory.predict_train_peak(argv, device="cpu").moments == want.moments  # the script as it trains now
+    assert model_memory.predict_train_peak(argv, device="cpu").moments == want.moments  # the script as it trains now

@@ -19,7 +19,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ppbook import launch, moe, overlap, simulate, stages, timeline
+from ppbook import launch, moe, overlap, stages, timeline, torch_orders
+from ppbook.planner import simulate
 from ppbook.planner.schedules import Action
 
 warnings.filterwarnings("ignore", message=".*torch.compile.*")
@@ -118,7 +119,7 @@ def test_all_to_all_bytes_is_the_buffer_the_layer_sends():
 def test_pair_order_flattened_is_torch_order():
     for p, m in ((1, 4), (2, 4), (2, 8), (4, 8)):
         paired = overlap.pair_order("DualPipeV", p, m)
-        assert overlap.flatten(paired) == simulate.torch_order("DualPipeV", p, m)
+        assert overlap.flatten(paired) == torch_orders.torch_order("DualPipeV", p, m)
         assert overlap.pairs(paired) > 0
     assert overlap.pairs(overlap.pair_order("1F1B", 2, 4)) == 0
 
@@ -130,7 +131,7 @@ def test_pair_cost():
 
 
 def test_without_pairs_it_is_the_books_simulator():
-    order = simulate.torch_order("1F1B", 3, 6)
+    order = torch_orders.torch_order("1F1B", 3, 6)
     costs = {"F": 1.0, "B": 2.0}
     ours = overlap.simulate_pairs({r: [(a,) for a in acts] for r, acts in order.items()},
                                   lambda a: costs[a.kind], latency=lambda s, r: 0.25)

@@ -15,7 +15,9 @@ import re
 
 import pytest
 
-from ppbook import custom_schedules, launch, simulate, timeline
+from ppbook import custom_schedules, launch, timeline, torch_orders
+from ppbook.planner import schedules as planner_schedules
+from ppbook.planner import simulate
 from ppbook.planner.schedules import Action
 from ppbook.stages import schedule_problem
 
@@ -68,7 +70,7 @@ def test_zb_h2_is_a_parallelogram_with_2p_minus_1_in_flight(p):
         mine = [e for e in events if e.rank == r]
         assert max(e.end for e in mine) - min(e.start for e in mine) == 3 * m  # no gap
         assert min(e.start for e in mine) == r  # the parallelogram's slanted edge
-    zb_h1 = timeline.span(simulate.simulate(simulate.zb_h1_order(p, m), {"F": 1, "I": 1.5, "W": 0.5}))[1]
+    zb_h1 = timeline.span(simulate.simulate(torch_orders.zb_h1_order(p, m), {"F": 1, "I": 1.5, "W": 0.5}))[1]
     assert timeline.span(simulate.simulate(order, {"F": 1, "I": 1.5, "W": 0.5}))[1] < zb_h1
 
 
@@ -80,11 +82,11 @@ def test_v_half_holds_about_half_of_1f1b(p):
     order = custom_schedules.v_half_order(p, m)
     peak = max(simulate.peak_in_flight(order, by="rank").values())
     assert peak == p + (2 if p % 2 == 0 else 1)
-    assert max(simulate.peak_in_flight(simulate.order("ZBVZeroBubble", p, m), by="rank").values()) == 2 * p
+    assert max(simulate.peak_in_flight(planner_schedules.order("ZBVZeroBubble", p, m), by="rank").values()) == 2 * p
     chunk = {"F": 0.5, "I": 0.5, "W": 0.5}
     step = timeline.span(simulate.simulate(order, chunk))[1]
-    assert timeline.span(simulate.simulate(simulate.order("ZBVZeroBubble", p, m), chunk))[1] <= step
-    assert step < timeline.span(simulate.simulate(simulate.order("1F1B", p, m), {"F": 1, "B": 2}))[1]
+    assert timeline.span(simulate.simulate(planner_schedules.order("ZBVZeroBubble", p, m), chunk))[1] <= step
+    assert step < timeline.span(simulate.simulate(planner_schedules.order("1F1B", p, m), {"F": 1, "B": 2}))[1]
 
 
 def test_csv_round_trip_and_torchs_reader():
@@ -99,7 +101,7 @@ def test_csv_round_trip_and_torchs_reader():
 
 # --- the checks ------------------------------------------------------------------------------------
 def one_f_one_b(p, m):
-    return simulate.order("1F1B", p, m)
+    return planner_schedules.order("1F1B", p, m)
 
 
 @pytest.mark.parametrize("edit,message", [
@@ -146,7 +148,7 @@ def test_hand_written_plans_need_no_message_tags(p):
     for v in (2, 3):
         for m in (p, 2 * p, 3 * p):
             if schedule_problem("Interleaved1F1B", p, m, v) is None:
-                assert custom_schedules.mismatched_messages(simulate.order("Interleaved1F1B", p, m, v)) == []
+                assert custom_schedules.mismatched_messages(planner_schedules.order("Interleaved1F1B", p, m, v)) == []
     assert custom_schedules.mismatched_messages(one_f_one_b(p, 2 * p)) == []
     assert custom_schedules.mismatched_messages(custom_schedules.v_half_order(4, 8))
     backwards_swapped = one_f_one_b(2, 4)  # the last rank sends gradients 1, 0; rank 0 uses 0, 1
@@ -249,10 +251,10 @@ def test_scripts_plans_are_torchs_orders(p):
 
     for m in (p, 2 * p, 3 * p):
         for r in range(p):
-            assert executed(script.plan_1f1b(r, p, m)) == simulate.order("1F1B", p, m)[r]
+            assert executed(script.plan_1f1b(r, p, m)) == planner_schedules.order("1F1B", p, m)[r]
             for v in (2, 3):
                 if schedule_problem("Interleaved1F1B", p, m, v) is None:
-                    assert executed(script.plan_interleaved(r, p, m, v)) == simulate.order("Interleaved1F1B", p, m, v)[r]
+                    assert executed(script.plan_interleaved(r, p, m, v)) == planner_schedules.order("Interleaved1F1B", p, m, v)[r]
 
 
 # --- the companion script under torchrun -----------------------------------------------------------
@@ -272,7 +274,7 @@ def check_run(data: dict, p: int, schedules=None, tol: float = 0.0, csv: dict | 
         name = run["schedule"]
         assert run["match"] and run["max_grad_diff"] <= tol and abs(run["loss"] - run["reference_loss"]) <= tol, name
         order = (csv[name] if name in csv else GENERATORS[name](p, m) if name in GENERATORS
-                 else simulate.order(name.removesuffix("-hand"), p, m, v))
+                 else planner_schedules.order(name.removesuffix("-hand"), p, m, v))
         events = timeline.from_json(run["events"])
         for rank in range(p):  # each rank ran the order the simulator is given
             ran = [e.label for e in sorted(events, key=lambda e: e.start) if e.rank == rank]
@@ -286,7 +288,7 @@ def check_run(data: dict, p: int, schedules=None, tol: float = 0.0, csv: dict | 
 def test_all_eight_and_a_csv_match_one_process_at_2_ranks(tmp_path):
     """The same launch runs a ninth order from a CSV (ZB-H1's, which none of the eight is): the
     path a reader's own order takes (--csv), checked like the others."""
-    zb_h1, path = simulate.zb_h1_order(2, 4), tmp_path / "zb_h1.csv"
+    zb_h1, path = torch_orders.zb_h1_order(2, 4), tmp_path / "zb_h1.csv"
     path.write_text(custom_schedules.to_csv(zb_h1))
     r = launch.torchrun("14_own_schedule.py", ["--layers", "4", "--microbatches", "4", "--csv", path, *SMALL],
                         nproc=2, timeout=300)
@@ -337,7 +339,7 @@ def test_a_bad_csv_is_refused_before_any_process_group(tmp_path):
     from conftest import assert_one_line_error
 
     path = tmp_path / "order.csv"
-    order = simulate.order("1F1B", 2, 4)
+    order = planner_schedules.order("1F1B", 2, 4)
     order[0] = order[0] + [Action(0, "B", 3)]
     path.write_text(custom_schedules.to_csv(order))
     assert_one_line_error("14_own_schedule.py", ["--csv", path, "--microbatches", "4"], "runs 0B3 twice")
@@ -345,7 +347,7 @@ def test_a_bad_csv_is_refused_before_any_process_group(tmp_path):
 
 @pytest.mark.parametrize("cell", ["12", "F1", "0X1", "0F"])
 def test_a_csv_cell_that_is_not_an_action_is_named(cell):
-    text = custom_schedules.to_csv(simulate.order("1F1B", 2, 2)).replace("0F0", cell, 1)
+    text = custom_schedules.to_csv(planner_schedules.order("1F1B", 2, 2)).replace("0F0", cell, 1)
     with pytest.raises(ValueError, match=f"cell '{cell}' is not an action"):
         custom_schedules.from_csv(text)
 

@@ -17,18 +17,22 @@ LAYERS: list[tuple[str, list[str]]] = [
      ["nccl_rules"]),
     ("leaves: formulas, reports, claims, errors, data, processes, launching, the action graph, precision, "
      "recomputation",
-     ["report", "claims", "errors", "bubble", "dataflow", "data", "dist", "launch",
-      "activations", "checkpoint", "precision", "fsdp_probe", "recompute", "fsdp_window"]),
+     ["report", "claims", "errors", "bubble", "data", "dist", "launch",
+      "activations", "checkpoint", "precision", "fsdp_probe", "recompute"]),
     ("the timeline format, recorded and simulated", ["timeline"]),
     ("models, stage placement, driving a schedule, training pieces, packed rows, nodes",
      ["models", "stages", "driver", "training", "packing", "nodes"]),
     ("built on a model or a timeline: balancing, skip models, Hugging Face models, the workload, timing, "
-     "simulating, orders torch does not ship, the mixture-of-experts model, the chapters' conceptual diagrams",
-     ["split", "skip", "hf", "workload", "measure", "simulate", "custom_schedules", "kernels", "moe", "diagrams"]),
+     "torch's own orders, orders torch does not ship, the mixture-of-experts model, the chapters' conceptual "
+     "diagrams",
+     ["split", "skip", "hf", "workload", "measure", "torch_orders", "custom_schedules", "kernels", "moe",
+      "diagrams"]),
     ("on the simulator or the workload: the scripts' command line, fitting the simulator to measured runs, "
-     "the planner page, memory in bytes per schedule, the simulator taught the all-to-all and overlapped pairs, "
-     "chapter 5's schedule guide",
-     ["cli", "fit", "explorer", "memory", "overlap", "guide"]),
+     "the planner page, the book's models' memory in bytes per schedule, the simulator taught the all-to-all "
+     "and overlapped pairs, chapter 5's schedule guide",
+     ["cli", "fit", "explorer", "model_memory", "overlap", "guide"]),
+    ("on the scripts' command line: chapter 12's pipeline combined with another tool, run and checked against "
+     "one process", ["combined"]),
     ("top: the planner", ["plan"]),
 ]
 
@@ -121,21 +125,81 @@ def reachable(graph: dict[str, set[str]], mod: str) -> set[str]:
     return seen
 
 
+def module_graph() -> dict[str, set[str]]:
+    """Each file's ``ppbook`` imports, with the planner's modules apart (``planner.simulate``): what
+    :func:`package_graph` counts as one module ``planner``, for questions about one of its modules."""
+    def name(path: Path) -> str:
+        parts = path.relative_to(PACKAGE).with_suffix("").parts
+        return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+    modules = {name(path): path for path in PACKAGE.rglob("*.py")}
+    graph = {}
+    for mod, path in modules.items():
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and \
+                    (node.module + ".").startswith("ppbook."):
+                base = node.module.removeprefix("ppbook").lstrip(".")
+                for alias in node.names:
+                    whole = f"{base}.{alias.name}".lstrip(".")
+                    deps.add(whole if whole in modules else base)
+            elif isinstance(node, ast.Import):
+                deps |= {alias.name.removeprefix("ppbook.") for alias in node.names if alias.name.startswith("ppbook.")}
+        graph[mod] = deps - {mod, ""}
+    return graph
+
+
 def test_the_scripts_plumbing_does_not_pull_in_the_simulator():
-    # issue 16: a script reaches the simulator only if it imports ppbook.simulate or ppbook.fit itself
-    graph = package_graph()
+    # issue 16: a script reaches the simulator only if it imports ppbook.planner.simulate (or a module
+    # built on it: ppbook.fit, ppbook.bubble) itself
+    graph = module_graph()
     plumbing = ["cli", "workload", "driver", "measure", "dist", "stages", "timeline"]
-    assert {mod: "simulate" in reachable(graph, mod) for mod in plumbing} == dict.fromkeys(plumbing, False)
-    assert "simulate" in reachable(graph, "fit")  # the check can see it where it is
+    assert {mod: "planner.simulate" in reachable(graph, mod) for mod in plumbing} == dict.fromkeys(plumbing, False)
+    assert "planner.simulate" in reachable(graph, "fit")  # the check can see it where it is
 
 
-def test_the_teaching_package_imports_the_build_plumbing_only_where_a_server_runs():
-    """``ppbook_tools`` (the launch server) is the build's and the tests' plumbing: of the teaching
-    package only ``launch`` imports it, lazily, when a server's socket is named; and the plumbing
-    builds on the package, never the other way round."""
-    importers = {path.relative_to(PACKAGE).as_posix() for path in PACKAGE.rglob("*.py")
-                 if "ppbook_tools" in path.read_text()}
-    assert importers == {"launch.py"}, importers
-    tree = ast.parse((PACKAGE / "launch.py").read_text())
-    top_level = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
-    assert not any("ppbook_tools" in ast.dump(n) for n in top_level)  # imported inside the hook only
+def test_no_module_shares_its_name_with_one_of_the_planner():
+    """Which ``memory.py`` to change is never a question (issue 53): the torch-free modules live in
+    ``ppbook.planner`` and the chapters import them from there; what needs torch beside them has a
+    name of its own (``model_memory``, ``torch_orders``). ``diagrams/`` names what a figure draws."""
+    outside = {path.stem for path in PACKAGE.glob("*.py")} | {p.name for p in PACKAGE.iterdir() if p.is_dir()}
+    planner = {path.stem for path in (PACKAGE / "planner").glob("*.py")} - {"__init__"}
+    assert sorted(outside & planner) == []
+
+
+PLUMBING = ("ppbook_tools", "tools")  # the build's and the tests' packages beside the teaching package
+
+
+def plumbing_imports(source: str) -> list[str]:
+    """Every import of the plumbing anywhere in ``source``: at module level, inside any function or
+    class body (a lazy import is still an import), and through ``importlib.import_module`` or
+    ``__import__`` of a literal name; as ``line: module``."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+            func = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+            if func in ("import_module", "__import__") and isinstance(node.args[0].value, str):
+                names = [node.args[0].value]
+        found += [f"{node.lineno}: {name}" for name in names if name.split(".")[0] in PLUMBING]
+    return found
+
+
+def test_the_teaching_package_never_imports_the_plumbing():
+    """The launch server plugs itself into ``ppbook.launch`` (``use_forker``); no module of the
+    teaching package imports ``ppbook_tools`` or ``tools``, lazily or not (issue 53)."""
+    found = {path.relative_to(PACKAGE).as_posix(): plumbing_imports(path.read_text())
+             for path in sorted(PACKAGE.rglob("*.py"))}
+    assert {path: lines for path, lines in found.items() if lines} == {}
+
+
+def test_the_plumbing_check_sees_lazy_and_dynamic_imports():
+    source = ("import os\nfrom ppbook import launch\n\n"
+              "def hook():\n    from ppbook_tools import zygote\n    return zygote\n\n"
+              "class A:\n    def f(self):\n        import ppbook_tools.zygote\n"
+              "        return importlib.import_module('ppbook_tools.zygote')\n")
+    assert plumbing_imports(source) == ["5: ppbook_tools", "10: ppbook_tools.zygote", "11: ppbook_tools.zygote"]

@@ -352,7 +352,7 @@ def test_the_shipped_config_json_is_its_preset():
 
 
 def test_the_planners_llama_counts_are_the_book_models_built_in_torch():
-    from ppbook import memory as torch_memory
+    from ppbook import model_memory as torch_memory
 
     for name, cfg in torch_memory.LLAMA_SIZES.items():
         if cfg.n_layers > 40:  # the formula per layer is the same; fewer layers build faster on the meta device
@@ -655,7 +655,7 @@ def test_every_schedule_fills_the_pipeline_before_rank_0_runs_a_backward(p):
 # --- FSDP as torch runs it inside a pipeline, and torch's stage buffers ----------------------------------
 
 def test_torchs_unshard_window_frees_stages_beyond_three_and_gathers_them_again():
-    """With four stages per rank torch's runtime keeps at most three gathered (ppbook.fsdp_window):
+    """With four stages per rank torch's runtime keeps at most three gathered (ppbook.planner.fsdp_window):
     the planner holds the three largest, gathers more per step than once, and keeps every stage's
     gradients unsharded; with two or three stages per rank nothing changes."""
     req = request("llama3-8b", 16, 64, 4096)

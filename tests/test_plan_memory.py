@@ -1,4 +1,4 @@
-"""Memory in bytes (ppbook.memory, "Choosing a pipeline"): the formulas against what autograd
+"""Memory in bytes (ppbook.model_memory, "Choosing a pipeline"): the formulas against what autograd
 really saves, on CPU, for real stages of the book's Llama at several shapes and dtypes, against
 a measured run of each of the seven schedules at p = 2 and 4, and against the H100 file."""
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from ppbook import workload
-from ppbook import launch, memory, simulate
+from ppbook import launch, model_memory, torch_orders
 from ppbook.models import LlamaConfig, build_model
 from ppbook.stages import assign_layers, stage_module
 
@@ -21,27 +21,27 @@ H100 = ROOT / "data" / "gpu" / "h100_llama3_costs.json"
 
 
 def test_stage_parameters_add_up_to_the_model():
-    for name, cfg in memory.LLAMA_SIZES.items():
-        assert memory.stage_parameters(cfg, cfg.n_layers, True, True) == memory.llama_parameters(cfg), name
-    cfg = memory.LLAMA_SIZES["Llama-3.1-70B"]
-    per_stage = [memory.stage_parameters(cfg, 10, s == 0, s == 7) for s in range(8)]
-    assert sum(per_stage) == memory.llama_parameters(cfg)
+    for name, cfg in model_memory.LLAMA_SIZES.items():
+        assert model_memory.stage_parameters(cfg, cfg.n_layers, True, True) == model_memory.llama_parameters(cfg), name
+    cfg = model_memory.LLAMA_SIZES["Llama-3.1-70B"]
+    per_stage = [model_memory.stage_parameters(cfg, 10, s == 0, s == 7) for s in range(8)]
+    assert sum(per_stage) == model_memory.llama_parameters(cfg)
 
 
 def test_precisions_bytes_per_parameter():
-    assert memory.stage_state(memory.LLAMA_SIZES["Llama-3.1-8B"], 4, False, False, "bf16").total == \
-        16 * 4 * memory.layer_parameters(memory.LLAMA_SIZES["Llama-3.1-8B"])
-    fp32 = memory.stage_state(LlamaConfig(), 2, True, True, "fp32")
+    assert model_memory.stage_state(model_memory.LLAMA_SIZES["Llama-3.1-8B"], 4, False, False, "bf16").total == \
+        16 * 4 * model_memory.layer_parameters(model_memory.LLAMA_SIZES["Llama-3.1-8B"])
+    fp32 = model_memory.stage_state(LlamaConfig(), 2, True, True, "fp32")
     assert (fp32.weights, fp32.gradients, fp32.optimizer) == (4 * fp32.params, 4 * fp32.params, 8 * fp32.params)
     # sharded as it runs: ZeRO-1 divides the optimizer state, FSDP between steps everything, and
     # inside a pipeline FSDP's peak holds the stage gathered and its gradients unsharded
-    cfg, whole = LlamaConfig(), memory.stage_state(LlamaConfig(), 2, True, True, "bf16")
-    zero1 = memory.stage_state(cfg, 2, True, True, "bf16", sharding="zero1", dp=4)
+    cfg, whole = LlamaConfig(), model_memory.stage_state(LlamaConfig(), 2, True, True, "bf16")
+    zero1 = model_memory.stage_state(cfg, 2, True, True, "bf16", sharding="zero1", dp=4)
     assert (zero1.weights, zero1.gradients, zero1.optimizer) == (whole.weights, whole.gradients, whole.optimizer / 4)
     # FSDP2 keeps a float32 shard that is the master itself (no bf16 copy beside it): 4 + 2 + 8 per parameter / dp
-    between = memory.stage_state_between_steps(cfg, 2, True, True, "bf16", dp=4)
+    between = model_memory.stage_state_between_steps(cfg, 2, True, True, "bf16", dp=4)
     assert between.total == whole.params * (4 + 2 + 8) / 4
-    peak = memory.stage_state(cfg, 2, True, True, "bf16", sharding="fsdp", dp=4)
+    peak = model_memory.stage_state(cfg, 2, True, True, "bf16", sharding="fsdp", dp=4)
     assert peak.total == between.total + whole.weights + whole.gradients
 
 
@@ -78,7 +78,7 @@ def test_stage_activation_bytes_equal_what_autograd_saves(b, s, dim, heads, kv, 
     for stage in range(3):
         mod = stage_module(copy.deepcopy(full), stage, 3)
         x = tokens if stage == 0 else torch.randn(b, s, dim, dtype=dtype, requires_grad=True)
-        predicted = memory.stage_activation_bytes(cfg, b, s, layers[stage], stage == 0, stage == 2, dtype.itemsize)
+        predicted = model_memory.stage_activation_bytes(cfg, b, s, layers[stage], stage == 0, stage == 2, dtype.itemsize)
         assert saved_bytes(mod, x) == predicted, (stage, dtype)
 
 
@@ -102,7 +102,7 @@ def test_recomputation_keeps_only_each_blocks_input():
             return h
 
     x = torch.randn(2, 16, 32, requires_grad=True)
-    assert saved_bytes(Checkpointed(), x) == memory.stage_activation_bytes(cfg, 2, 16, 3, False, False, 4, recompute=True)
+    assert saved_bytes(Checkpointed(), x) == model_memory.stage_activation_bytes(cfg, 2, 16, 3, False, False, 4, recompute=True)
 
 
 def test_the_loss_saves_the_log_probabilities():
@@ -113,7 +113,7 @@ def test_the_loss_saves_the_log_probabilities():
     # besides the targets (int64 ids, which the data loader holds anyway) and nll_loss's
     # one-element total weight (4 bytes)
     saved = saved_bytes(lambda x: workload.loss_fn(x, targets), logits)
-    assert logits.nbytes + saved - targets.nbytes - 4 == memory.logits_bytes(cfg, 2, 16, 4)
+    assert logits.nbytes + saved - targets.nbytes - 4 == model_memory.logits_bytes(cfg, 2, 16, 4)
 
 
 def test_h100_saved_bytes_agree_with_the_formulas():
@@ -126,15 +126,15 @@ def test_h100_saved_bytes_agree_with_the_formulas():
         b, s = r["microbatch"], r["seq_len"]
         if r["part"] == "block":
             cfg = LlamaConfig(dim=r["dim"], n_heads=r["heads"], n_kv_heads=r["kv_heads"], ffn_hidden_dim=r["ffn"])
-            predicted = memory.block_activation_bytes(cfg, b, s, 2) + 4 * s * (r["dim"] // r["heads"] // 2) * 2
+            predicted = model_memory.block_activation_bytes(cfg, b, s, 2) + 4 * s * (r["dim"] // r["heads"] // 2) * 2
         else:  # float32 log-probabilities of the cross-entropy (the bf16 logits are freed in the test)
             predicted = b * s * r["vocab"] * 4
         assert abs(r["saved_bytes"] - predicted) <= 4096, r
 
 
 def test_peak_microbatches_from_torch_orders():
-    assert memory.peak_microbatches("GPipe", 4, 8) == {s: 8 for s in range(4)}
-    assert memory.peak_microbatches("1F1B", 4, 8) == {s: 4 - s for s in range(4)}
+    assert model_memory.peak_microbatches("GPipe", 4, 8) == {s: 8 for s in range(4)}
+    assert model_memory.peak_microbatches("1F1B", 4, 8) == {s: 4 - s for s in range(4)}
 
 
 def test_the_planners_rank_memory_is_the_books_per_stage_arithmetic():
@@ -146,21 +146,21 @@ def test_the_planners_rank_memory_is_the_books_per_stage_arithmetic():
 
     from ppbook.planner import hardware, search
 
-    cfg = memory.LLAMA_SIZES["Llama-3.1-8B"]
-    req = search.Request(memory.shape_of(cfg), hardware.GPUS["h100-sxm"], 4, 8, 8, 4096, hardware.LINKS["nvlink-h100"],
+    cfg = model_memory.LLAMA_SIZES["Llama-3.1-8B"]
+    req = search.Request(model_memory.shape_of(cfg), hardware.GPUS["h100-sxm"], 4, 8, 8, 4096, hardware.LINKS["nvlink-h100"],
                          hardware.LINKS["ib-ndr400"], kernels="book", recipe="bf16-grads")
     layout = search.Layout(1, 4, 1, "1F1B", 1, 1, 8, "none", "none")
     mem = search.rank_memory(layout, req)
     boundary = 1 * 4096 * cfg.dim * 2  # one microbatch's activation, bf16
-    assert mem[0].activations == 4 * (memory.stage_activation_bytes(cfg, 1, 4096, 8, True, False, 2) + boundary)
+    assert mem[0].activations == 4 * (model_memory.stage_activation_bytes(cfg, 1, 4096, 8, True, False, 2) + boundary)
     assert mem[0].buffers == 8 * boundary and mem[1].buffers == 2 * 8 * boundary and mem[-1].buffers == 8 * boundary
     assert mem[0].logits == 0 < mem[-1].logits
     freed = search.rank_memory(layout, replace(req, stage_io="freed"))
-    assert freed[0].activations == 4 * memory.stage_activation_bytes(cfg, 1, 4096, 8, True, False, 2)
+    assert freed[0].activations == 4 * model_memory.stage_activation_bytes(cfg, 1, 4096, 8, True, False, 2)
     assert all(r.buffers == 0 for r in freed)
     # a middle stage: its held output and its input (the receive buffer) cancel
     assert freed[1].activations == mem[1].activations
-    assert mem[0].parameters + mem[0].gradients + mem[0].optimizer == memory.stage_state(cfg, 8, True, False).total
+    assert mem[0].parameters + mem[0].gradients + mem[0].optimizer == model_memory.stage_state(cfg, 8, True, False).total
     full = search.rank_memory(search.Layout(1, 4, 1, "1F1B", 1, 1, 8, "none", "full"), req)
     assert full[0].activations < mem[0].activations / 5
 
@@ -176,7 +176,7 @@ def check_schedules(data: dict) -> None:
     the rotary tables (model buffers, saved by reference, counted once per microbatch) and the
     token ids (each microbatch is a view of the whole batch, so the probe counts the batch's
     storage). On the last stage of the split-backward schedules torch keeps more after the weight
-    pass than :func:`memory.block_residual_bytes` says; there the prediction with a residual of the
+    pass than :func:`model_memory.block_residual_bytes` says; there the prediction with a residual of the
     whole microbatch (W frees nothing) is an upper bound, checked as such."""
     cfg = LlamaConfig(**data["config"])
     b, s, p, m = data["microbatch_size"], data["seq_len"], data["world_size"], data["microbatches"]
@@ -185,16 +185,16 @@ def check_schedules(data: dict) -> None:
         n = run["num_stages"]
         layers = cfg.n_layers // n
         check_stage_io(run["stage_io"], n, m, boundary=b * s * cfg.dim * 4, logits=b * s * cfg.vocab_size * 4)
-        per_mb = {st: memory.stage_activation_bytes(cfg, b, s, layers, st == 0, st == n - 1, 4) + rope
+        per_mb = {st: model_memory.stage_activation_bytes(cfg, b, s, layers, st == 0, st == n - 1, 4) + rope
                   + (m * b * s * 8 - b * s * 8 if st == 0 else 0) for st in range(n)}
         assert {int(k): v for k, v in run["bytes_per_microbatch"].items()} == per_mb, name
-        residual = {st: 0 if st == 0 else layers * memory.block_residual_bytes(cfg, b, s, 4) + rope for st in range(n)}
-        order = simulate.torch_order(name, p, m, 2)
-        predicted = memory.peak_activation_bytes(order, per_mb, residual)
+        residual = {st: 0 if st == 0 else layers * model_memory.block_residual_bytes(cfg, b, s, 4) + rope for st in range(n)}
+        order = torch_orders.torch_order(name, p, m, 2)
+        predicted = model_memory.peak_activation_bytes(order, per_mb, residual)
         measured = {int(k): v for k, v in run["peak_bytes"].items()}
         for st in range(n):
             if name in SPLIT_BACKWARD and st == n - 1:
-                bound = memory.peak_activation_bytes(order, per_mb, per_mb)[st]
+                bound = model_memory.peak_activation_bytes(order, per_mb, per_mb)[st]
                 assert predicted[st] <= measured[st] <= bound, (name, st)
             else:
                 assert measured[st] == predicted[st], (name, st)

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from ppbook import simulate
+from ppbook import torch_orders
 from ppbook.planner import schedules as S
 
 GRID = [(name, p, m, v) for name in S.TORCH_SCHEDULES for p in (1, 2, 3, 4, 5, 8)
@@ -51,7 +51,7 @@ def test_every_order_and_refusal_is_torchs():
     same refusal (m too small, m not a multiple of the rounds)."""
     for name, p, m, v in GRID:
         try:
-            theirs = _text(simulate.torch_order(name, p, m, v))
+            theirs = _text(torch_orders.torch_order(name, p, m, v))
         except ValueError:
             theirs = None
         try:

@@ -9,25 +9,26 @@ import pytest
 import torch
 import torch.nn as nn
 
-from ppbook import activations, bubble, launch, simulate, stages, timeline
+from ppbook import activations, bubble, launch, stages, timeline, torch_orders
+from ppbook.planner import schedules, simulate
 
 warnings.filterwarnings("ignore", message=".*torch.compile.*")
 NAMES = list(stages.TORCH_SCHEDULES)
 
 
-bubble_per_rank = simulate.idle_per_rank  # the chapters' own: step less the busiest rank's compute
+bubble_per_rank = bubble.idle_per_rank  # the chapters' own: step less the busiest rank's compute
 
 
 def test_idle_per_rank_is_the_step_less_the_busiest_ranks_compute():
     """GPipe at p = 2, m = 1, F = 1, B = 2: the step is 6, each rank computes 3, so each idles 3."""
-    assert simulate.idle_per_rank(simulate.gpipe_order(2, 1), {"F": 1.0, "B": 2.0}) == 3.0
+    assert bubble.idle_per_rank(schedules.gpipe_order(2, 1), {"F": 1.0, "B": 2.0}) == 3.0
 
 
 # --- orders -------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("p,m", [(2, 4), (2, 8), (4, 8)])
 def test_every_order_runs_each_pass_once_on_the_right_rank(name, p, m):
-    order = simulate.torch_order(name, p, m)
+    order = torch_orders.torch_order(name, p, m)
     v = stages.stages_per_rank(name)
     for rank, acts in order.items():
         assert {a.stage for a in acts} == set(stages.stage_indices(name, rank, p)), (name, rank)
@@ -45,18 +46,18 @@ def test_torchs_description_of_1f1b_is_wrong_and_torch_order_corrects_it():
 
     theirs = [str(a) for a in get_schedule_ops("1F1B", 2, 4)[1] if a is not None]
     assert theirs[0] == "1F1" and "1F4" in theirs  # skips microbatch 0, invents microbatch 4
-    ours = [str(a) for a in simulate.torch_order("1F1B", 2, 4)[1]]
+    ours = [str(a) for a in torch_orders.torch_order("1F1B", 2, 4)[1]]
     assert ours == ["1F0", "1B0", "1F1", "1B1", "1F2", "1B2", "1F3", "1B3"]
     # wrong for the last rank only (p - 1 - rank == 0), not for every rank but the first (item 4 of #13)
     for p, m in ((2, 4), (3, 5), (4, 8)):
         described = get_schedule_ops("1F1B", p, m)
-        wrong = [r for r, acts in simulate.torch_order("1F1B", p, m).items()
+        wrong = [r for r, acts in torch_orders.torch_order("1F1B", p, m).items()
                  if [str(a) for a in described[r] if a is not None and "REDUCE" not in str(a)] != list(map(str, acts))]
         assert wrong == [p - 1], (p, m, wrong)
 
 
 def test_schedule_ops_are_those_of_torchs_visualizer():
-    """simulate.schedule_ops builds torch's orders with a cheaper mock stage than torch's
+    """torch_orders.schedule_ops builds torch's orders with a cheaper mock stage than torch's
     get_schedule_ops; every schedule, a few shapes, the same actions or the same refusal."""
     from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
 
@@ -71,7 +72,7 @@ def test_schedule_ops_are_those_of_torchs_visualizer():
             for v in ((2, 3) if stages.placement(name) == "loop" else (2,)):
                 k = stages.stages_per_rank(name, v)
                 for m in (p - 1, p, 2 * p, 2 * p + 1):
-                    assert actions(lambda: simulate.schedule_ops(name, p, m, k)) == \
+                    assert actions(lambda: torch_orders.schedule_ops(name, p, m, k)) == \
                         actions(lambda: get_schedule_ops(name, p, m, num_stages_per_rank=k)), (name, p, m, v)
 
 
@@ -82,7 +83,7 @@ def test_schedule_problem_agrees_with_torch():
             for v in ((2, 3) if stages.placement(name) == "loop" else (2,)):
                 for m in range(1, 17):
                     try:
-                        simulate.torch_order(name, p, m, v)
+                        torch_orders.torch_order(name, p, m, v)
                         torch_ok = True
                     except ValueError:
                         torch_ok = False
@@ -107,7 +108,7 @@ def test_interleaved_overhead_is_p_minus_1_over_v_m(name, p, v, rounds):
     """Narayanan et al. 2021: a model chunk of 1/v of a stage; overhead (p-1)/(v m), m a multiple of p."""
     m = rounds * p
     f, b = 1.0, 2.0  # one rank's forward and backward of a microbatch, split over its v chunks
-    events = simulate.simulate(simulate.torch_order(name, p, m, v), {"F": f / v, "B": b / v})
+    events = simulate.simulate(torch_orders.torch_order(name, p, m, v), {"F": f / v, "B": b / v})
     step = timeline.span(events)[1]
     assert math.isclose(step / (m * (f + b)) - 1, bubble.interleaved_overhead(p, m, v))
 
@@ -123,9 +124,9 @@ def test_zb_h1_bubble(p, m_per_p, f, i, w):
     Torch's ScheduleInterleavedZeroBubble with one stage per rank, and with v chunks per rank."""
     m = m_per_p * p
     costs = {"F": f, "I": i, "W": w}
-    assert math.isclose(bubble_per_rank(simulate.zb_h1_order(p, m), costs), bubble.zb_h1_bubble(p, f, i, w))
+    assert math.isclose(bubble_per_rank(torch_orders.zb_h1_order(p, m), costs), bubble.zb_h1_bubble(p, f, i, w))
     assert bubble.zb_h1_bubble(p, f, i, w) < bubble.one_f_one_b_bubble(p, f, i + w)
-    chunks = simulate.torch_order("InterleavedZeroBubble", p, m)
+    chunks = torch_orders.torch_order("InterleavedZeroBubble", p, m)
     assert math.isclose(bubble_per_rank(chunks, costs), bubble.zb_h1_bubble(p, f, i, w))
 
 
@@ -145,7 +146,7 @@ def test_dualpipev_bubble_is_within_the_dualpipe_table(p, f, i, w):
     (PP/2 - 1)(F&B + B - 3W) with F&B = F + B (no overlap on a CPU), bounds the simulated one:
     torch runs an overlapped pair as two actions, and the forward need not wait for the backward's input."""
     costs = {"F": f, "I": i, "W": w, "B": i + w}
-    sim = bubble_per_rank(simulate.torch_order("DualPipeV", p, 4 * p), costs)
+    sim = bubble_per_rank(torch_orders.torch_order("DualPipeV", p, 4 * p), costs)
     table = bubble.dualpipe_table(2 * p, f, i + w, w)["DualPipe"]["bubble"]
     assert sim <= table + 1e-9
     assert sim >= bubble.zb_h1_bubble(p, f, i, w) - 1e-9
@@ -158,7 +159,7 @@ def test_no_order_beats_the_last_ranks_wait_for_its_first_input(name, p):
     arrives: why ZB-H2's (p-1)(T_F + T_B - 2 T_W) needs the paper's unsynchronised optimizer step."""
     f, i, w = 1.0, 1.0, 1.0
     v = stages.stages_per_rank(name)
-    idle = bubble_per_rank(simulate.torch_order(name, p, 4 * p), {"F": f / v, "I": i / v, "W": w / v, "B": (i + w) / v})
+    idle = bubble_per_rank(torch_orders.torch_order(name, p, 4 * p), {"F": f / v, "I": i / v, "W": w / v, "B": (i + w) / v})
     assert idle >= (p - 1) * f / v - 1e-9
     assert bubble.zb_h2_bubble(p, f, i, w) < (p - 1) * f / v
 
@@ -166,10 +167,10 @@ def test_no_order_beats_the_last_ranks_wait_for_its_first_input(name, p):
 # --- activation memory -------------------------------------------------------------------------------
 @pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (3, 7)])
 def test_predicted_in_flight_gpipe_m_and_1f1b_p_minus_r(p, m):
-    assert simulate.peak_in_flight(simulate.torch_order("GPipe", p, m)) == {r: m for r in range(p)}
-    assert simulate.peak_in_flight(simulate.torch_order("1F1B", p, m)) == {r: min(m, p - r) for r in range(p)}
+    assert simulate.peak_in_flight(torch_orders.torch_order("GPipe", p, m)) == {r: m for r in range(p)}
+    assert simulate.peak_in_flight(torch_orders.torch_order("1F1B", p, m)) == {r: min(m, p - r) for r in range(p)}
     if m % max(1, m // p) == 0:  # ZB-H1 keeps 1F1B's peak, p microbatches (Qi et al. 2023)
-        assert max(simulate.peak_in_flight(simulate.zb_h1_order(p, m)).values()) == min(m, p)
+        assert max(simulate.peak_in_flight(torch_orders.zb_h1_order(p, m)).values()) == min(m, p)
 
 
 @pytest.mark.parametrize("p", [2, 3, 4])
@@ -179,7 +180,7 @@ def test_v_schedules_memory_per_rank_as_their_papers_say(p, m_per_p):
     holds DeepSeek's PP + 1 with PP = 2p."""
     m = m_per_p * p
     def per_rank(name):
-        return max(simulate.peak_in_flight(simulate.torch_order(name, p, m), by="rank").values())
+        return max(simulate.peak_in_flight(torch_orders.torch_order(name, p, m), by="rank").values())
     assert 2 * per_rank("1F1B") == 2 * p
     assert per_rank("ZBVZeroBubble") == 2 * p
     assert per_rank("DualPipeV") == bubble.dualpipe_table(2 * p, 1, 2, 1)["DualPipe"]["activations"] == 2 * p + 1
@@ -243,7 +244,7 @@ def check_run(data: dict, p: int):
         name = run["schedule"]
         assert run["match"] and run["max_grad_diff"] < 1e-12 and abs(run["loss"] - run["reference_loss"]) < 1e-12, name
         assert run["max_weight_diff"] < 1e-12 and run["steps_trained"] == len(run["losses"]) == 2, name  # SGD updates
-        order = simulate.torch_order(name, p, m, data["stages_per_rank"])
+        order = torch_orders.torch_order(name, p, m, data["stages_per_rank"])
         # the order each rank ran, recorded, is the order the simulator was given
         events = timeline.from_json(run["memory"]["events"])
         for rank in range(p):

@@ -64,7 +64,8 @@ def test_naive_refuses_microbatches():
 @pytest.mark.torchrun
 @pytest.mark.parametrize("nproc", [4])  # 2 processes, m = 1, 2, 4, 8: chapter 3 runs and checks it
 def test_gpipe_scratch_and_torch_match_one_process_and_run_gpipe_order(nproc):
-    from ppbook import simulate, timeline
+    from ppbook import timeline
+    from ppbook.planner import schedules
 
     ms = [1, 4]
     r = launch.torchrun("03_gpipe.py", ["--check", "--steps", "1", "--warmup", "0", "--batch-size", "8",
@@ -75,10 +76,10 @@ def test_gpipe_scratch_and_torch_match_one_process_and_run_gpipe_order(nproc):
         assert run["match"], run["impl"]
         assert all(s["max_grad_diff"] == 0.0 for s in run["stages"]), run["impl"]
         events = timeline.from_json(run["events"])
-        expected = simulate.gpipe_order(nproc, run["microbatches"])
+        expected = schedules.gpipe_order(nproc, run["microbatches"])
         for rank in range(nproc):
             mine = sorted((e for e in events if e.rank == rank), key=lambda e: e.start)
-            assert [str(simulate.Action(e.stage, e.kind, e.microbatch)) for e in mine] == \
+            assert [str(schedules.Action(e.stage, e.kind, e.microbatch)) for e in mine] == \
                 [str(a) for a in expected[rank]], (run["impl"], rank)
 
 
@@ -105,7 +106,8 @@ def test_recorder_times_every_action_of_every_schedule_class(tmp_path):
     forward and every backward (full, or input- plus weight-gradient) of every microbatch on
     every stage is recorded, gradients equal one process, and Schedule1F1B runs exactly the
     simulator's 1F1B order on every rank."""
-    from ppbook import simulate, timeline
+    from ppbook import timeline
+    from ppbook.planner import schedules
     from conftest import ROOT
 
     m = 4
@@ -119,7 +121,7 @@ def test_recorder_times_every_action_of_every_schedule_class(tmp_path):
             for mb in range(m):
                 kinds = sorted(e.kind for e in events if (e.stage, e.microbatch) == (stage, mb))
                 assert kinds in (["B", "F"], ["F", "I", "W"]), (name, stage, mb, kinds)
-    for name, order in (("ScheduleGPipe", simulate.gpipe_order(2, m)), ("Schedule1F1B", simulate.one_f_one_b_order(2, m))):
+    for name, order in (("ScheduleGPipe", schedules.gpipe_order(2, m)), ("Schedule1F1B", schedules.one_f_one_b_order(2, m))):
         events = timeline.from_json(r.data[name]["events"])
         for rank in range(2):
             mine = sorted((e for e in events if e.rank == rank), key=lambda e: e.start)

@@ -9,7 +9,8 @@ matplotlib.use("agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from ppbook import simulate, timeline  # noqa: E402
+from ppbook import timeline, torch_orders  # noqa: E402
+from ppbook.planner import schedules, simulate
 from ppbook.timeline import Event  # noqa: E402
 
 
@@ -29,7 +30,7 @@ def close_figures():
 
 
 def test_gpipe_blocks_name_their_microbatches_and_the_legend_is_in_the_figure():
-    events = simulate.simulate(simulate.gpipe_order(2, 3), {"F": 1.0, "B": 2.0})
+    events = simulate.simulate(schedules.gpipe_order(2, 3), {"F": 1.0, "B": 2.0})
     fig, ax = plt.subplots(figsize=(8, 2))
     timeline.plot(events, ax=ax, time_unit="s")
     fig.canvas.draw()
@@ -41,7 +42,7 @@ def test_gpipe_blocks_name_their_microbatches_and_the_legend_is_in_the_figure():
 
 
 def test_v_schedule_blocks_name_their_stage_and_later_chunks_are_tinted():
-    events = simulate.simulate(simulate.torch_order("ZBVZeroBubble", 2, 2), {"F": 1.0, "I": 1.0, "W": 1.0})
+    events = simulate.simulate(torch_orders.torch_order("ZBVZeroBubble", 2, 2), {"F": 1.0, "I": 1.0, "W": 1.0})
     fig, ax = plt.subplots(figsize=(14, 2.5))
     timeline.plot(events, ax=ax, time_unit="s")
     fig.canvas.draw()
@@ -54,7 +55,7 @@ def test_v_schedule_blocks_name_their_stage_and_later_chunks_are_tinted():
 
 
 def test_narrow_blocks_fall_back_to_the_microbatch_and_tiny_ones_stay_bare():
-    events = simulate.simulate(simulate.torch_order("Interleaved1F1B", 2, 4), {"F": 1.0, "B": 2.0})
+    events = simulate.simulate(torch_orders.torch_order("Interleaved1F1B", 2, 4), {"F": 1.0, "B": 2.0})
     fig, ax = plt.subplots(figsize=(3.5, 1.6))
     timeline.plot(events, ax=ax, time_unit="s")
     fig.canvas.draw()
@@ -74,7 +75,7 @@ def test_a_short_label_at_a_readable_size_beats_a_long_one_at_the_smallest():
     # too narrow for "F0" at a readable size, and its panel says "0" rather than "F0" in tiny type
     fig, axes = plt.subplots(2, 1, figsize=(8, 3.6), sharex=True)
     for ax, m in zip(axes, (1, 4)):
-        events = simulate.simulate(simulate.gpipe_order(4, m), {"F": 4.0 / m, "B": 8.0 / m})
+        events = simulate.simulate(schedules.gpipe_order(4, m), {"F": 4.0 / m, "B": 8.0 / m})
         timeline.plot(events, ax=ax, time_unit="s")
     fig.tight_layout()
     fig.canvas.draw()
@@ -110,7 +111,7 @@ def test_a_sliver_stays_bare_rather_than_shrink_every_label_of_its_panel():
 
 @pytest.mark.parametrize("size", [(8, 2), (3, 1), (1.5, 0.8)])
 def test_no_label_spills_out_of_its_block(size):
-    events = simulate.simulate(simulate.torch_order("Interleaved1F1B", 2, 4), {"F": 1.0, "B": 2.0})
+    events = simulate.simulate(torch_orders.torch_order("Interleaved1F1B", 2, 4), {"F": 1.0, "B": 2.0})
     fig, ax = plt.subplots(figsize=size)
     timeline.plot(events, ax=ax, time_unit="s")
     fig.canvas.draw()
@@ -124,8 +125,8 @@ def test_no_label_spills_out_of_its_block(size):
 
 def test_one_legend_for_a_figure_of_several_timelines_and_labels_can_be_left_out():
     fig, axes = plt.subplots(2, 1, figsize=(8, 3), sharex=True)
-    timeline.plot(simulate.simulate(simulate.gpipe_order(2, 2), {"F": 1.0, "B": 2.0}), ax=axes[0], time_unit="s")
-    timeline.plot(simulate.simulate(simulate.torch_order("ZBVZeroBubble", 2, 2), {"F": 1.0, "I": 1.0, "W": 1.0}),
+    timeline.plot(simulate.simulate(schedules.gpipe_order(2, 2), {"F": 1.0, "B": 2.0}), ax=axes[0], time_unit="s")
+    timeline.plot(simulate.simulate(torch_orders.torch_order("ZBVZeroBubble", 2, 2), {"F": 1.0, "I": 1.0, "W": 1.0}),
                   ax=axes[1], time_unit="s", labels=False)
     fig.canvas.draw()
     assert [ax.get_legend() is not None for ax in axes] == [True, False]  # beside the top panel
@@ -138,7 +139,7 @@ def test_one_legend_for_a_figure_of_several_timelines_and_labels_can_be_left_out
 def test_a_followed_microbatch_is_outlined_on_every_rank_and_the_legend_says_which():
     """Issue 50: one microbatch can be followed through a schedule: every block of it, and only
     those, carries the dark outline, on every rank, and the legend names the microbatch."""
-    events = simulate.simulate(simulate.torch_order("ZBVZeroBubble", 2, 4), {"F": 1.0, "I": 1.0, "W": 1.0})
+    events = simulate.simulate(torch_orders.torch_order("ZBVZeroBubble", 2, 4), {"F": 1.0, "I": 1.0, "W": 1.0})
     fig, ax = plt.subplots(figsize=(10, 2))
     timeline.plot(events, ax=ax, time_unit="s", follow=1)
     fig.canvas.draw()
@@ -154,7 +155,7 @@ def test_a_followed_microbatch_is_outlined_on_every_rank_and_the_legend_says_whi
 def test_later_chunks_differ_by_more_than_lightness_and_a_top_legend_frees_the_width():
     """A rank's later stages are hatched as well as lighter; with legend="top" one figure legend sits
     above the panels (none beside them), and larger label sizes can be asked for."""
-    events = simulate.simulate(simulate.torch_order("Interleaved1F1B", 2, 4), {"F": 1.0, "B": 2.0})
+    events = simulate.simulate(torch_orders.torch_order("Interleaved1F1B", 2, 4), {"F": 1.0, "B": 2.0})
     chunk = timeline._chunk_of(events)
     fig, axes = plt.subplots(2, 1, figsize=(8, 4), layout="constrained")
     for ax in axes:

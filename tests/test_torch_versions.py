@@ -8,6 +8,7 @@ import json
 import shlex
 from pathlib import Path
 
+import gpu_record
 import pytest
 import script_matrix
 import torch_versions
@@ -25,12 +26,16 @@ def test_the_launches_cover_every_companion_script_and_the_gpu_records():
     assert {c["script"] for c in cmds} == {p.name for p in (ROOT / "scripts").glob("*.py")}
     for c in cmds:
         assert c["nproc"] == 2 and c["args"][-2:] == ["--device", "cpu"], c
-    # the chapter 12-15 launches of the first GPU record (its run_gpu.py's EXTRA), by script and section
+    # the chapter 12-15 launches of the first GPU record (its run_gpu.py's EXTRA), each under the name
+    # chapter 11 gives it (chapter 12's "12_combinations.py --section NAME" is "12_NAME.py" since)
     record = json.loads(RECORD.read_text())
-    ran = {(Path(r["cmd"][6]).name, r["cmd"][r["cmd"].index("--section") + 1] if "--section" in r["cmd"] else None)
-           for r in record["phase2"] if r["cmd"][1:3] == ["-m", "torch.distributed.run"]}
-    ours = {(c["script"], c["args"][1] if c["args"][0] == "--section" else None) for c in cmds}
-    assert ran and ran <= ours, ran - ours
+    ran = [r for r in record["phase2"] if r["cmd"][1:3] == ["-m", "torch.distributed.run"]]
+    assert ran and all(r["tag"] in gpu_record.H200_TAGS for r in ran), [r["tag"] for r in ran]
+    for r in ran:
+        script = Path(r["cmd"][6]).name
+        section = r["cmd"][r["cmd"].index("--section") + 1] if "--section" in r["cmd"] else None
+        assert gpu_record.H200_TAGS[r["tag"]] == (f"12_{section}.py" if section else script), r["tag"]
+    assert set(gpu_record.H200_TAGS.values()) <= set(names)
 
 
 @pytest.mark.parametrize("nproc", [1, 2])

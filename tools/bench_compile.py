@@ -1,8 +1,8 @@
-"""Benchmark: chapter 12's compile section, eager against compiled step time per schedule.
+"""Benchmark: chapter 12's compile script, eager against compiled step time per schedule.
 
     make bench-compile      # or: .venv/bin/python tools/bench_compile.py --backend inductor --steps 5
 
-Launches scripts/12_combinations.py --section compile once on two processes (m = 4, two stages per
+Launches scripts/12_compile.py once on two processes (m = 4, two stages per
 rank for the looped schedules): every schedule eager, compiled per block (torchtitan's way), per
 stage, and, for the three schedules that refuse both wrappers, compiled in place with donated
 buffers off; first, the error of an in-place ZBVZeroBubble step with donated buffers on
@@ -41,10 +41,9 @@ def main(argv=None) -> int:
     out = Path(args.out or f"_build/bench/compile_{args.backend}.json")
     with tempfile.TemporaryDirectory() as cache:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache  # the launched ranks inherit it: nothing cached
-        run = launch.torchrun("12_combinations.py", ["--section", "compile", "--backend", args.backend,
-                                                     "--steps", str(args.steps), "--microbatches",
-                                                     str(args.microbatches), "--donated-buffers-probe", "--check"],
-                              nproc=args.nproc, timeout=args.timeout)
+        run = launch.torchrun("12_compile.py", ["--backend", args.backend, "--steps", str(args.steps),
+                                                "--microbatches", str(args.microbatches), "--donated-buffers-probe",
+                                                "--check"], nproc=args.nproc, timeout=args.timeout)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(run.data, indent=1))
     by = {}

@@ -15,7 +15,8 @@ import json
 from pathlib import Path
 from statistics import median
 
-from ppbook import launch, simulate
+from ppbook import launch
+from ppbook.planner import schedules
 from ppbook.fit import predicted_vs_measured
 
 
@@ -34,7 +35,7 @@ def main(argv=None) -> int:
           f"{'ratio':>6} {'paired':>7}")
     for m in sorted({m for _, m in runs}):
         r = runs[("torch", m)]
-        measured, predicted = predicted_vs_measured(r, simulate.gpipe_order(args.nproc, m))
+        measured, predicted = predicted_vs_measured(r, schedules.gpipe_order(args.nproc, m))
         scratch, torch_s = runs[("scratch", m)]["median_step_seconds"], r["median_step_seconds"]
         # the script interleaves the two implementations step by step: step k of one ran right
         # after step k of the other, so their ratio cancels the machine's slow drifts

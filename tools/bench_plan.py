@@ -19,7 +19,8 @@ import argparse
 import json
 from pathlib import Path
 
-from ppbook import launch, simulate, timeline
+from ppbook import launch, timeline, torch_orders
+from ppbook.planner import simulate
 from ppbook.planner import hardware, traffic
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,7 +52,7 @@ def main(argv=None) -> int:
         raw["runs"][dim] = run
         message = traffic.boundary_bytes(batch // m, seq, dim, 4)
         for r in run["runs"]:
-            order = simulate.torch_order(r["schedule"], 2, m, run["stages_per_rank"])
+            order = torch_orders.torch_order(r["schedule"], 2, m, run["stages_per_rank"])
             measured = sum(s["span"] for s in r["steps"]) / len(r["steps"])
             free = hardware.Link("free", 0.0, float("inf"))  # the same prediction with hand-offs costing nothing
             rows.append((dim, message, r["schedule"], measured, predicted_span(r, order, link, message),

@@ -15,7 +15,7 @@ import argparse
 import json
 from pathlib import Path
 
-from ppbook import launch, simulate
+from ppbook import launch, torch_orders
 from ppbook.fit import predicted_step_time
 
 
@@ -33,7 +33,7 @@ def main(argv=None) -> int:
     print(f"{'schedule':>22} {'measured ms':>12} {'simulated ms':>13} {'difference':>11}")
     worst = 0.0
     for r in run.data["runs"]:
-        order = simulate.torch_order(r["schedule"], args.nproc, args.microbatches, run.data["stages_per_rank"])
+        order = torch_orders.torch_order(r["schedule"], args.nproc, args.microbatches, run.data["stages_per_rank"])
         measured, predicted = predicted_step_time(r, order)
         worst = max(worst, abs(predicted / measured - 1))
         print(f"{r['schedule']:>22} {measured * 1e3:>12.1f} {predicted * 1e3:>13.1f} {100 * (predicted / measured - 1):>+10.1f}%")

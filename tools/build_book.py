@@ -51,13 +51,18 @@ def executes_alone(notebook) -> bool:
     return bool(notebook.metadata.get("ppbook", {}).get("execute_alone", False))
 
 
+#: The page's kernel plugs the launch server in (``ppbook_tools.zygote.load_ipython_extension``) before
+#: its first cell, so that its launches fork from the server when one runs; ``ppbook`` never imports it.
+KERNEL_ARGS = ["--IPKernelApp.extensions=ppbook_tools.zygote"]
+
+
 def execute(page: Path, timeout: int, allow_errors: bool):
     """Run ``page``'s notebook in its own folder (a worker process): (notebook, seconds, error text)."""
     from jupyter_cache.executors.utils import single_nb_execution
 
     notebook = read_page(page)
     result = single_nb_execution(notebook, cwd=str(page.parent), allow_errors=allow_errors, timeout=timeout,
-                                 meta_override=True)
+                                 meta_override=True, extra_arguments=KERNEL_ARGS)
     hide_in_notebook(notebook)  # no page shows the build machine's paths (tracebacks, warnings)
     return notebook, result.time, (result.exc_string if result.err is not None else None)
 

@@ -54,15 +54,16 @@ from ppbook import launch  # noqa: E402
 SCRIPTS = ("01_minimal.py", "01_first_pipeline.py", "02_naive.py", "03_gpipe.py", "04_splitting.py", "05_schedules.py",
            "06_loss_and_masks.py", "06_train.py", "07_checkpointing.py", "08_beyond_chain.py",
            "09_scaling_out.py", "a1_migrate.py", "a3_troubleshooting.py")
-# Chapters 12-15 at one process, as the H200 record ran them (its run_gpu.py's EXTRA): a name per
-# launch, the script, its arguments before --device; the launches are script_matrix's, which the
-# torch-version tables run at two processes.
+# Chapters 12-15 at one process, as the H200 record ran them (its run_gpu.py's EXTRA, with chapter
+# 12's FSDP2 and tensor-parallel scripts since): a name per launch, the script, its arguments
+# before --device; the launches are script_matrix's, which the torch-version tables run at two
+# processes.
 ONE_PROCESS = {c["name"]: (c["script"], c["args"][:c["args"].index("--device")])
                for c in script_matrix.extra_commands(1, "cuda")}
 LAUNCHES = (*SCRIPTS, *ONE_PROCESS)
 # Seconds each took on the H200 record: the longest start first, so that the streams end together.
-EXPECTED_S = {"12_combinations.py compile": 100, "06_train.py": 16, "05_schedules.py": 23, "15_packed.py": 22,
-              "12_combinations.py recompute": 22, "04_splitting.py": 22, "03_gpipe.py": 20}
+EXPECTED_S = {"12_compile.py": 100, "06_train.py": 16, "05_schedules.py": 23, "15_packed.py": 22,
+              "12_recompute.py": 22, "04_splitting.py": 22, "03_gpipe.py": 20}
 # The measurements: name, gpu_measure.py's verb and file, the seconds each may take on a GPU.
 MEASUREMENTS = (("bench", "bench.json", 150), ("mem", "mem.json", 120), ("costs", "costs.json", 120))
 PROFILE = ("profile", "profile.txt", 120)

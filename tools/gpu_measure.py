@@ -2,7 +2,7 @@
 writes its file as it goes, so that a run cut short keeps what it measured.
 
     python tools/gpu_measure.py bench OUT.json [--device cpu --tiny]    pipeline vs two plain loops
-    python tools/gpu_measure.py mem OUT.json [--device cpu --tiny]      peak allocator bytes vs ppbook.memory
+    python tools/gpu_measure.py mem OUT.json [--device cpu --tiny]      peak allocator bytes vs ppbook.model_memory
     python tools/gpu_measure.py costs OUT.json [--device cpu --tiny]    F, I, B and saved bytes per block
     python tools/gpu_measure.py profile OUT.txt [--device cpu --tiny]   torch.profiler tables
 
@@ -17,7 +17,7 @@ from its datasheet), its losses and its peak allocator bytes.
 
 ``mem``: ``torch.cuda.max_memory_allocated`` of 06_train.py at one stage at four configurations
 (GPipe and 1F1B at m = 8, GPipe at m = 2, a wide model at sequence 4096: the H200 record's), each
-beside :func:`predicted_peak`, the book's accounting (``ppbook.memory``).
+beside :func:`predicted_peak`, the book's accounting (``ppbook.model_memory``).
 
 ``costs``: per-action times (F; I the gradient with respect to the input alone; B input and
 weights; W = B - I) and the forward's saved bytes of one Llama-3 8B and 70B block and of the head
@@ -43,8 +43,8 @@ import torch.nn.functional as F
 
 from ppbook import data as ppdata
 from ppbook import dist as ppdist
-from ppbook import launch, memory, precision
-from ppbook.memory import llama_parameters
+from ppbook import launch, model_memory, precision
+from ppbook.model_memory import llama_parameters
 from ppbook.models import LlamaBlock, LlamaConfig, build_model, rope_tables
 from ppbook.training import TokenMeanLoss
 
@@ -99,7 +99,7 @@ def flops_per_token(args) -> float:
 
 
 def predicted_peak(args) -> dict:
-    """The book's accounting of 06_train.py's peak at one stage (:func:`ppbook.memory.predict_peak`:
+    """The book's accounting of 06_train.py's peak at one stage (:func:`ppbook.model_memory.predict_peak`:
     float32 masters, AdamW's moments and gradients, the bf16 weight copies, each microbatch in
     flight's activations under autocast, the logits, the loss's float32 terms, cuBLAS's workspaces,
     the allocator's rounding). 06_train trains under autocast with bf16 copies of its Linear
@@ -107,8 +107,8 @@ def predicted_peak(args) -> dict:
     of each weight through the step and the optimizer's, and the activations autocast saves. ``total`` bytes, its
     named ``parts``, the ``moment`` of the step where the peak falls and the microbatches ``in_flight`` then."""
     cfg = train_script().llama_config(args)
-    peak = memory.predict_peak(cfg, SCHEDULE_NAMES[args.schedule], args.microbatches,
-                               args.batch_size // args.microbatches, args.seq_len, weight_casts="master")
+    peak = model_memory.predict_peak(cfg, SCHEDULE_NAMES[args.schedule], args.microbatches,
+                                     args.batch_size // args.microbatches, args.seq_len, weight_casts="master")
     return {"total": peak.total, "parts": dict(peak.parts), "moment": peak.moment, "in_flight": peak.in_flight}
 
 
@@ -263,7 +263,7 @@ def mem(out: str, device_name: str, tiny: bool, steps: int | None = None) -> int
     steps = steps or (2 if tiny else 3)
     mod = train_script()
     result = {"meta": meta(device, command="python tools/gpu_measure.py mem", steps=steps,
-                           accounting="tools/gpu_measure.py predicted_peak (ppbook.memory)"), "rows": []}
+                           accounting="tools/gpu_measure.py predicted_peak (ppbook.model_memory)"), "rows": []}
     failed = 0
     for tag, shape in (MEM_TINY if tiny else MEM_CONFIGS):
         argv = [*shape, *BENCH_TRAIN, "--dtype", "bfloat16", "--device", device_name, "--steps", str(steps)]

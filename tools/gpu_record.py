@@ -27,8 +27,10 @@ from ppbook.launch import repo_root
 GPU_DATA = repo_root() / "data" / "gpu"
 FIXES = GPU_DATA / "fixes.json"
 # the H200 record's tags for chapters 12-15 (its run_gpu.py's EXTRA) -> gpu_check's launch names
-H200_TAGS = {"12_shapes": "12_combinations.py shapes", "12_recompute": "12_combinations.py recompute",
-             "12_compile_inductor": "12_combinations.py compile", "13_moe": "13_moe.py",
+# (the record ran chapter 12's sections as scripts/12_combinations.py --section NAME, which became
+# scripts/12_NAME.py: the same code, one script per topic)
+H200_TAGS = {"12_shapes": "12_shapes.py", "12_recompute": "12_recompute.py", "12_compile_inductor": "12_compile.py",
+             "13_moe": "13_moe.py",
              "14_own_schedule": "14_own_schedule.py", "15_packed": "15_packed.py"}
 _EVIDENCE = (re.compile(r"\b\w+(Error|Exception): \S.*"), re.compile(r"^\S+\.py: error: .*"),
              re.compile(r".*max \|weight - ref\| = .*"))

@@ -77,7 +77,8 @@ def main(argv=None) -> int:
         p.error(f"--out {args.out} must be a file, not a folder")
     import torch
 
-    from ppbook import custom_schedules, simulate
+    from ppbook import custom_schedules
+    from ppbook.planner import schedules
     from ppbook.fit import predicted_vs_measured
 
     runs = []
@@ -106,7 +107,7 @@ def main(argv=None) -> int:
             for r in d["runs"]:
                 s, world, m = r["schedule"], d["world_size"], d["microbatches"]
                 order = (custom_schedules.GENERATORS[s](world, m) if s in custom_schedules.GENERATORS
-                         else simulate.order(s.removesuffix("-hand"), world, m, d["stages_per_rank"]))
+                         else schedules.order(s.removesuffix("-hand"), world, m, d["stages_per_rank"]))
                 a, b = predicted_vs_measured(r, order)
                 gaps.append(f"{s}@{world} {100 * (b - a):+.1f}")
         print(f"run {i}{' (loaded)' if loaded else ''}, {run['seconds']} s, load {run['load_average_after'][0]}: "

@@ -1,6 +1,7 @@
 """Every companion script's check, as launches: the thirteen of ``tools/gpu_check.py`` and the
 chapter 12-15 launches that the first GPU record ran beside them (``EXTRA`` of
-``data/gpu/h200-2026-11-28/run_gpu.py``), sized for ``n`` processes.
+``data/gpu/h200-2026-11-28/run_gpu.py``; chapter 12's sections have been scripts of their own since,
+FSDP2's and tensor parallelism's among them), sized for ``n`` processes.
 
     from script_matrix import commands
     commands(2, "cpu")   # [{"name", "script", "nproc", "args"} (or "skip"), ...]
@@ -19,21 +20,25 @@ OWN_SCHEDULES = ("1F1B-hand", "1F1B", "Interleaved1F1B", "ZB-H2", "V-Half", "ZBV
 
 def extra_commands(n: int, device: str, inductor: bool = True) -> list[dict]:
     """Chapters 12-15's ``--check`` launches at ``n`` processes: 12's shapes, recompute and compile
-    sections (compile with inductor, torch.compile's default, unless ``inductor=False``: AOTAutograd's
-    graphs on eager kernels, seconds on a CPU instead of minutes), 13's MoE pipeline (its pipeline
-    over the ``n`` ranks, one expert group), 14's schedules and 15's packed rows."""
+    scripts (compile with inductor, torch.compile's default, unless ``inductor=False``: AOTAutograd's
+    graphs on eager kernels, seconds on a CPU instead of minutes), its FSDP2 and tensor-parallel
+    scripts (a 2-wide mesh dimension from 4 processes on, else 1: a pipeline over every rank), 13's
+    MoE pipeline (its pipeline over the ``n`` ranks, one expert group), 14's schedules and 15's
+    packed rows."""
     backend = ["--backend", "inductor"] if inductor else []
+    inner = "2" if n >= 4 and n % 2 == 0 else "1"
     launches = [
-        ("12_combinations.py shapes", "12_combinations.py", ["--section", "shapes", "--check"]),
-        ("12_combinations.py recompute", "12_combinations.py", ["--section", "recompute", "--check"]),
-        ("12_combinations.py compile", "12_combinations.py", ["--section", "compile", *backend, "--steps", "3",
-                                                              "--check"]),
-        ("13_moe.py", "13_moe.py", ["--pp", str(n), "--ep", "1", "--check"]),
-        ("14_own_schedule.py", "14_own_schedule.py", ["--check", "--schedules", *OWN_SCHEDULES]),
-        ("15_packed.py", "15_packed.py", ["--check"]),
+        ("12_shapes.py", ["--check"]),
+        ("12_recompute.py", ["--check"]),
+        ("12_compile.py", [*backend, "--steps", "3", "--check"]),
+        ("12_fsdp.py", ["--dp", inner, "--check"]),
+        ("12_tp.py", ["--tp", inner, "--check"]),
+        ("13_moe.py", ["--pp", str(n), "--ep", "1", "--check"]),
+        ("14_own_schedule.py", ["--check", "--schedules", *OWN_SCHEDULES]),
+        ("15_packed.py", ["--check"]),
     ]
-    return [{"name": name, "script": script, "nproc": n, "args": [*args, "--device", device]}
-            for name, script, args in launches]
+    return [{"name": script, "script": script, "nproc": n, "args": [*args, "--device", device]}
+            for script, args in launches]
 
 
 def commands(n: int, device: str, inductor: bool = True) -> list[dict]:

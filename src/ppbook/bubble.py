@@ -13,6 +13,9 @@ At p = 4, m = 8 they are 27.3% and 37.5%: always say which one a number is.
 
 from __future__ import annotations
 
+from ppbook.planner.simulate import Costs, simulate
+from ppbook.planner.schedules import Order
+
 
 def _check(p: int, m: int) -> None:
     if p < 1 or m < 1:
@@ -78,6 +81,16 @@ def zb_h1_bubble(p: int, t_f: float, t_b: float, t_w: float) -> float:
     and T_W the weight-gradient pass (so the full backward is T_B + T_W). Same peak activation
     memory as 1F1B. Holds when T_W <= T_F (a W fits where 1F1B's rank waits for a forward)."""
     return (p - 1) * (t_f + t_b - t_w)
+
+
+def idle_per_rank(order: Order, costs: Costs) -> float:
+    """How long each rank idles in a step of ``order`` simulated with ``costs``, without
+    communication: the step, first action to last, less the busiest rank's computation. This is
+    what the papers' closed forms above give, for any order (introduced in chapter 5, "The
+    schedules")."""
+    events = simulate(order, costs)
+    step = max(e.end for e in events) - min(e.start for e in events)
+    return step - max(sum(e.duration for e in events if e.rank == r) for r in order)
 
 
 def zb_h2_bubble(p: int, t_f: float, t_b: float, t_w: float) -> float:

@@ -9,18 +9,19 @@ from __future__ import annotations
 
 import random
 
-from ppbook import simulate, timeline
+from ppbook import timeline
+from ppbook.planner import schedules, simulate
 
 
 def simulator_inputs(run: dict) -> dict:
     """The measured costs, latency and overheads of a run, as keyword arguments of
-    :func:`ppbook.simulate.simulate`."""
+    :func:`ppbook.planner.simulate.simulate`."""
     key = lambda k: (int(k[:-1]), k[-1])  # noqa: E731  "1B" -> (1, "B")
     return {"costs": {key(k): v for k, v in run["costs"].items()}, "latency": run["latency"],
             "overhead": {key(k): v for k, v in run["overheads"].items()}}
 
 
-def _simulated_steps(run: dict, order: simulate.Order, draws: int, seed: int):
+def _simulated_steps(run: dict, order: schedules.Order, draws: int, seed: int):
     """Yield (measured step summary, simulated events), ``draws`` simulations per measured step,
     each from what was measured on that step alone (see :func:`predicted_vs_measured`)."""
     rng = random.Random(seed)
@@ -37,7 +38,7 @@ def _simulated_steps(run: dict, order: simulate.Order, draws: int, seed: int):
                                           latency=lambda sent, received: rng.choice(handoffs))
 
 
-def predicted_vs_measured(run: dict, order: simulate.Order, draws: int = 50, seed: int = 0) -> tuple[float, float]:
+def predicted_vs_measured(run: dict, order: schedules.Order, draws: int = 50, seed: int = 0) -> tuple[float, float]:
     """Mean busy fraction over ranks and measured steps: (measured, simulated).
 
     Each measured step is simulated from what was measured on it, as distributions: the mean
@@ -53,7 +54,7 @@ def predicted_vs_measured(run: dict, order: simulate.Order, draws: int = 50, see
     return sum(measured) / len(measured), sum(predicted) / len(predicted)
 
 
-def predicted_step_time(run: dict, order: simulate.Order, draws: int = 50, seed: int = 0) -> tuple[float, float]:
+def predicted_step_time(run: dict, order: schedules.Order, draws: int = 50, seed: int = 0) -> tuple[float, float]:
     """Mean step time over the measured steps, from the first action's start to the last one's
     end: (measured, simulated), simulated as in :func:`predicted_vs_measured`.
     Used from chapter 5 ("The schedules") on."""

@@ -1,7 +1,7 @@
 """The book's Llama block with fused kernels: what it saves for its backward is what the planner's
 ``fused`` accounting counts.
 
-Introduced in chapter 12 ("A pipeline among the tools it is combined with"), which measures it
+Introduced in chapter 12 ("Compile and activation checkpointing in a pipeline"), which measures it
 beside the book's own block; ``tests/test_planner_memory.py`` checks both against
 :func:`ppbook.planner.memory.layer_activation_values`.
 

@@ -9,11 +9,12 @@ Why not ``!torchrun ...`` in a cell: IPython ignores the exit status, so a scrip
 :class:`LaunchError` with the output's tail when the exit status is not zero, and returns the
 JSON the script wrote to ``--json``.
 
-The book's build and the tests start a launch server first (:mod:`ppbook_tools.zygote`, build
-plumbing beside this package), and name its socket in ``PPBOOK_ZYGOTE``; then :func:`torchrun`
-and :func:`python` fork the ranks from it instead of starting torchrun: the same script, argv and
-environment, without importing torch again in every process. A notebook run by a reader, and
-``PPBOOK_LAUNCHER=torchrun``, start torchrun itself.
+The book's build and the tests start a launch server first, build plumbing beside this package
+that imports torch once, and plug it in here (:func:`use_forker`); then :func:`torchrun` and
+:func:`python` fork the ranks from it instead of starting torchrun: the same script, argv and
+environment, without importing torch again in every process. This module knows only the
+interface (:data:`Forker`), never the server: a notebook run by a reader has none plugged in and
+starts torchrun itself, as does ``PPBOOK_LAUNCHER=torchrun``.
 """
 
 from __future__ import annotations
@@ -27,15 +28,47 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-SERVER_ENV = "PPBOOK_ZYGOTE"  # the socket of a running launch server (the build's, the tests')
-LAUNCHER_ENV = "PPBOOK_LAUNCHER"  # "torchrun": never fork from a server
+LAUNCHER_ENV = "PPBOOK_LAUNCHER"  # "torchrun": never fork, even where a launch server is plugged in
 
 
 class LaunchError(RuntimeError):
     """A launched script failed, timed out, or wrote no JSON."""
+
+
+class ForkTimeout(Exception):
+    """A forked launch ran past its timeout; the forker has killed every rank. ``output``: what
+    they wrote until then."""
+
+    def __init__(self, output: str):
+        super().__init__("timed out")
+        self.output = output
+
+
+#: A forked launcher: ``forker(script, args, nproc, cwd, env, timeout)`` runs ``script`` with ``args``
+#: on ``nproc`` ranks (``None``: one plain process) forked from a process that has imported torch
+#: already, in folder ``cwd`` with environment ``env``, and returns ``(exit status, output)``; or
+#: ``None`` when it cannot run this launch (then torchrun starts it). Past ``timeout`` seconds it
+#: kills the ranks and raises :class:`ForkTimeout`.
+Forker = Callable[[Path, list, "int | None", Path, dict, float], "tuple[int, str] | None"]
+
+_forker: Forker | None = None  # plugged in by the build's and the tests' launch server, never by a chapter
+
+
+def use_forker(forker: Forker | None) -> None:
+    """Plug in the launcher that forks ranks (``None`` unplugs it). The build's and the tests'
+    launch server calls this in the processes it serves (the build, its page kernels, the test
+    session); nothing in this package does."""
+    global _forker
+    _forker = forker
+
+
+def forker() -> Forker | None:
+    """The forked launcher plugged in, if any."""
+    return _forker
 
 
 @dataclass
@@ -45,7 +78,7 @@ class RunResult:
     output: str  # stdout and stderr, interleaved as the script wrote them
     seconds: float
     data: dict | None = field(default=None)
-    forked: bool = False  # the ranks were forked from the launch server (ppbook_tools.zygote), not started by torchrun
+    forked: bool = False  # the ranks were forked from a launch server (see use_forker), not started by torchrun
     json_path: str | None = None  # the ``--json`` path the launcher added of its own (no reader types it)
     env: dict | None = None  # the variables set for this launch only (``env=`` of torchrun/python)
     root: str | None = None  # the repository root the command ran in
@@ -172,17 +205,15 @@ def started_env(env: dict) -> dict:
 def _run(command: list[str], timeout: float, cwd: Path, expect_json: Path | None, check: bool,
          fork: tuple[Path, list[str], int | None] | None = None, extra_env: dict | None = None) -> RunResult:
     """Run ``command``; with ``fork`` (script, args, ranks or ``None`` for a plain process), fork
-    the ranks from the launch server instead when one runs (:mod:`ppbook_tools.zygote`): the
+    the ranks from the launch server instead when one is plugged in (:func:`use_forker`): the
     same script, argv and environment, without paying torch's imports again."""
     env = child_env(extra_env)
     t0 = time.perf_counter()
     forked = None
-    if fork is not None and os.environ.get(SERVER_ENV) and os.environ.get(LAUNCHER_ENV) != "torchrun":
-        from ppbook_tools import zygote  # the build's plumbing: only where it started a server
-
+    if fork is not None and _forker is not None and os.environ.get(LAUNCHER_ENV) != "torchrun":
         try:
-            forked = zygote.run(*fork, cwd=cwd, env=env, timeout=timeout)
-        except zygote.Timeout as e:
+            forked = _forker(*fork, cwd, env, timeout)
+        except ForkTimeout as e:
             raise LaunchError(_timed_out(command, timeout, e.output)) from None
     if forked is not None:
         returncode, output = forked

@@ -2,7 +2,7 @@
 action, and DualPipeV's overlapped pairs.
 
 Introduced in chapter 13 ("Mixture of experts through a pipeline"). The book's simulator
-(:mod:`ppbook.simulate`) runs one action at a time per rank. ``ScheduleDualPipeV`` also emits
+(:mod:`ppbook.planner.simulate`) runs one action at a time per rank. ``ScheduleDualPipeV`` also emits
 pairs (``OVERLAP_F_B``: one microbatch's forward and another's backward), which a registered
 function may run at once. Here an order keeps those pairs: each rank's list holds single actions
 and ``(forward, backward)`` tuples; a pair starts when both its inputs are there and occupies its
@@ -29,8 +29,9 @@ import random
 from statistics import median_high
 from typing import Callable
 
-from ppbook import simulate, timeline
-from ppbook.dataflow import waits_on
+from ppbook import timeline, torch_orders
+from ppbook.planner import schedules
+from ppbook.planner.dataflow import waits_on
 from ppbook.planner.schedules import Action
 
 Item = tuple[Action, ...]  # one action, or a (forward, backward) pair run at once
@@ -50,12 +51,12 @@ STEP_TOLERANCE = 0.15
 def pair_order(name: str, p: int, m: int, v: int = 2) -> PairOrder:
     """Each rank's compute actions as torch's ``Schedule<name>`` runs them, with DualPipeV's
     ``OVERLAP_F_B`` pairs kept as ``(forward, backward)`` (built on mock stages, no process
-    group; see :func:`ppbook.simulate.torch_order`, which flattens the pairs)."""
+    group; see :func:`ppbook.torch_orders.torch_order`, which flattens the pairs)."""
     if name == "1F1B":
-        return {r: [(a,) for a in acts] for r, acts in simulate.torch_order(name, p, m).items()}
+        return {r: [(a,) for a in acts] for r, acts in torch_orders.torch_order(name, p, m).items()}
     kinds = {"FORWARD": "F", "FULL_BACKWARD": "B", "BACKWARD_INPUT": "I", "BACKWARD_WEIGHT": "W"}
     out: PairOrder = {}
-    for rank, acts in enumerate(simulate.schedule_ops(name, p, m, simulate.stages_per_rank(name, v))):
+    for rank, acts in enumerate(torch_orders.schedule_ops(name, p, m, schedules.stages_per_rank(name, v))):
         out[rank] = []
         for a in acts:
             if a is None:
@@ -67,7 +68,7 @@ def pair_order(name: str, p: int, m: int, v: int = 2) -> PairOrder:
     return out
 
 
-def flatten(order: PairOrder) -> simulate.Order:
+def flatten(order: PairOrder) -> schedules.Order:
     """The same order with every pair run one half after the other (torch's default runtime)."""
     return {r: [a for item in items for a in item] for r, items in order.items()}
 

@@ -1,6 +1,6 @@
 """Activation checkpointing of a stage's blocks, and the bytes a forward leaves allocated.
 
-Introduced in chapter 12 ("A pipeline among the tools it is combined with");
+Introduced in chapter 12 ("Compile and activation checkpointing in a pipeline");
 ``tests/test_planner_memory.py`` ties the planner's activation counts
 (:func:`ppbook.planner.memory.layer_activation_values`) to :func:`allocated_bytes`.
 

@@ -4,7 +4,7 @@ Introduced in chapter 2 ("Naive model parallelism"); the GPipe and schedules cha
 
 A timeline is a list of events, one per action, in torch's notation: stage 1, forward,
 microbatch 3 is ``1F3`` (``F`` forward, ``B`` full backward, ``I`` input-gradient backward,
-``W`` weight-gradient backward). The recorder and the simulator (:mod:`ppbook.simulate`) produce
+``W`` weight-gradient backward). The recorder and the simulator (:mod:`ppbook.planner.simulate`) produce
 the same format, so one plotting function draws both.
 
 The recorder times the three methods every schedule of ``torch.distributed.pipelining`` calls on
@@ -22,7 +22,7 @@ from statistics import median_high
 from contextlib import contextmanager
 from dataclasses import asdict
 
-from ppbook.dataflow import waits_on
+from ppbook.planner.dataflow import waits_on
 from ppbook.planner.events import Event  # the format, shared with the torch-free simulator
 
 KIND_COLOURS = {"F": "#4C72B0", "B": "#DD8452", "I": "#C44E52", "W": "#55A868"}
@@ -140,7 +140,7 @@ def comm_latency(events: list[Event]) -> float:
 
 
 def _dependency_of(e: Event, by_key: dict, num_stages: int) -> Event | None:
-    """The recorded event ``e`` waited on (:func:`ppbook.dataflow.waits_on`), if it was recorded."""
+    """The recorded event ``e`` waited on (:func:`ppbook.planner.dataflow.waits_on`), if it was recorded."""
     dep = waits_on(e.stage, e.kind, e.microbatch, num_stages, by_key.__contains__)
     return None if dep is None else by_key.get(dep)
 

@@ -3,8 +3,8 @@
 Readers import :mod:`ppbook`; nothing here is taught or needed to run a chapter or a script:
 
 * :mod:`ppbook_tools.zygote` -- the launch server of the build and the tests: it imports torch
-  once and forks each launch's ranks from it (``ppbook.launch`` uses it only when the server's
-  socket is named in ``PPBOOK_ZYGOTE``).
+  once and forks each launch's ranks from it; it plugs itself into ``ppbook.launch``
+  (``use_forker``) in the processes it serves, and ``ppbook`` never imports it.
 
 The other plumbing (the page executor, the notebook and PDF makers, the benchmarks) are scripts
 in ``tools/``; this package holds what processes started by the build must import.

@@ -1,8 +1,11 @@
 """Start a script's ranks by forking a process that has imported torch already: the book's build
 and the tests launch scripts this way, readers' notebooks and shells use torchrun itself.
 
-Plumbing, not in any chapter: :mod:`ppbook.launch` imports it only when ``PPBOOK_ZYGOTE`` names
-a running server.
+Plumbing, not in any chapter, and :mod:`ppbook.launch` does not import it: :func:`start` plugs the
+server into ``launch`` (:func:`ppbook.launch.use_forker`) in the process that starts it, and
+:func:`load_ipython_extension` in each page's kernel (``tools/build_book.py`` starts them with
+``--IPKernelApp.extensions=ppbook_tools.zygote``); their launches then fork from the server whose
+socket ``PPBOOK_ZYGOTE`` names.
 
 Why: a two-rank ``torchrun`` launch on a laptop CPU spends about 12 CPU-seconds before the
 script's first line runs. torchrun and each rank import torch (about 2.5 s each), and the ranks
@@ -44,9 +47,12 @@ import time
 import uuid
 from pathlib import Path
 
+from ppbook import launch
 from ppbook.launch import LAUNCHER_ENV as FORCE_TORCHRUN  # "torchrun": never fork
-from ppbook.launch import SERVER_ENV as ENV  # the server's socket path, for every process that may launch
+from ppbook.launch import ForkTimeout as Timeout
 from ppbook.launch import kill_tree
+
+ENV = "PPBOOK_ZYGOTE"  # the server's socket path, for every process that may launch
 # Imported once by the server: everything a companion script imports that takes long.
 PRELOAD = ("numpy", "torch", "torch.distributed.pipelining", "torch.distributed.checkpoint",
            "torch.distributed.fsdp", "torch.distributed.tensor", "torch.nn.parallel", "tqdm", "tqdm.auto",
@@ -67,15 +73,19 @@ GRACE = 10.0
 _MAX_MESSAGE = 1 << 20
 
 
-class Timeout(Exception):
-    """A forked launch ran past its timeout; every rank has been killed."""
-
-    def __init__(self, output: str):
-        super().__init__("timed out")
-        self.output = output
-
-
 # ----------------------------------------------------------------------------- the client side
+
+def plug_in() -> None:
+    """Make this process's launches (:mod:`ppbook.launch`) fork from the server ``PPBOOK_ZYGOTE``
+    names, when one is named and answers (:func:`run`)."""
+    launch.use_forker(run)
+
+
+def load_ipython_extension(ipython) -> None:
+    """A page's kernel started by the build (``--IPKernelApp.extensions=ppbook_tools.zygote``)
+    plugs the server in before the page's first cell."""
+    plug_in()
+
 
 def _differs(env: dict, server_env: dict) -> list[str]:
     """The variables of :data:`MUST_MATCH` whose values differ between ``env`` and the server's."""
@@ -172,6 +182,7 @@ def start(env: dict, log: Path | None = None) -> subprocess.Popen:
             raise RuntimeError(f"the launch server did not start; see {log or folder / 'log'}")
         time.sleep(0.02)
     os.environ[ENV] = str(path)
+    plug_in()
     return server
 
 
@@ -183,6 +194,8 @@ def stop(server: subprocess.Popen) -> None:
         with contextlib.suppress(OSError):
             os.unlink(path)
     os.environ.pop(ENV, None)
+    if launch.forker() is run:
+        launch.use_forker(None)
 
 
 # ----------------------------------------------------------------------------- the server side

@@ -6,7 +6,7 @@ write the saved-activation bytes each stage held at its peak.
 
 Stages are built and placed by chapter 5's `scripts/05_schedules.py` (`build`): stage r on rank r (GPipe, 1F1B), stages r, r + p (looped), r and
 2p - 1 - r (V-shaped). ``tests/test_plan_memory.py`` compares the result with
-:func:`ppbook.memory.stage_activation_bytes` times :func:`ppbook.memory.peak_microbatches`.
+:func:`ppbook.model_memory.stage_activation_bytes` times :func:`ppbook.model_memory.peak_microbatches`.
 
 It also records what each ``PipelineStage`` keeps beyond autograd's saved tensors, for the
 planner's ``buffers`` and held outputs (:func:`ppbook.planner.memory.stage_buffer_bytes`,

@@ -4,17 +4,17 @@ Introduced in chapter 5 ("The schedules"). One picture for one question:
 *which pass does each rank run, on which microbatch, in what order?* The blocks come from the
 schedule's own order, never from hand-typed coordinates:
 
-- a ppbook order, ``{rank: [Action, ...]}`` (:func:`ppbook.simulate.torch_order` builds it with
+- a ppbook order, ``{rank: [Action, ...]}`` (:func:`ppbook.torch_orders.torch_order` builds it with
   torch's own schedule classes; :func:`ppbook.planner.schedules.order` without torch), or
 - torch's ``schedule.pipeline_order`` itself, ``{rank: [_Action | None, ...]}`` (``None`` is a step
   in which the rank idles; an ``OVERLAP_F_B`` pair becomes its two sub-actions, communication and
   gradient-reduction actions are left out). Beware: torch 2.13's ``Schedule1F1B.pipeline_order``
-  is wrong for the last rank (see :func:`ppbook.simulate.torch_order`), its ``step`` is right.
+  is wrong for the last rank (see :func:`ppbook.torch_orders.torch_order`), its ``step`` is right.
 
 Where the blocks go along the row:
 
 - ``costs`` given (``{"F": 1, "I": 1, "W": 1, "B": 2}``, or per ``(stage, kind)``, as for
-  :func:`ppbook.simulate.simulate`): the order is simulated with them, so block widths are times
+  :func:`ppbook.planner.simulate.simulate`): the order is simulated with them, so block widths are times
   and white space is idle time (a timeline);
 - no ``costs``, torch's ``pipeline_order``: one block per step, where torch put it (an overlapped
   pair shares its step);
@@ -29,9 +29,9 @@ or ``3``; on a rank holding several stages ``5F3``, ``3`` over ``s5``, or ``3``)
 figure is drawn, so no label spills out of a small block. The legend is drawn in the figure, once,
 beside its top panel.
 
-    >>> from ppbook import simulate
+    >>> from ppbook import torch_orders
     >>> from ppbook.diagrams import schedule
-    >>> ax = schedule.draw(simulate.torch_order("ZBVZeroBubble", 2, 4), title="ZBVZeroBubble")
+    >>> ax = schedule.draw(torch_orders.torch_order("ZBVZeroBubble", 2, 4), title="ZBVZeroBubble")
 
 :func:`blocks` returns what :func:`draw` draws, so a test can compare the picture with the order.
 """

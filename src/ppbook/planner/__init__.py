@@ -3,11 +3,11 @@
 Introduced in "Choosing a pipeline". For a model, a cluster and a global batch it enumerates
 layouts (tensor, pipeline and data parallel sizes, sharding, schedule, microbatches,
 recomputation), predicts each one's memory per GPU in bytes and its step time, and ranks them.
-Nothing here imports torch, nor anything of ``ppbook`` outside this subpackage (the names
-chapters and scripts import, :mod:`ppbook.dataflow`, :mod:`ppbook.fsdp_window` and
-:class:`ppbook.timeline.Event`, re-export what lives here): the same code answers
-``python -m ppbook.plan``, the chapters, and (ported to JavaScript, and tested equal) the planner
-page of the site.
+Nothing here imports torch, nor anything of ``ppbook`` outside this subpackage; chapters and
+scripts import these modules from here (:class:`ppbook.timeline.Event` re-exports
+:class:`~ppbook.planner.events.Event`), and no module of ``ppbook`` outside it shares one of their
+names. The same code answers ``python -m ppbook.plan``, the chapters, and (ported to
+JavaScript, and tested equal) the planner page of the site.
 
 - :mod:`~ppbook.planner.schedules`: torch's seven schedules as pure functions (stage placement,
   constraints, and the order of actions each rank runs, equal to torch's own);

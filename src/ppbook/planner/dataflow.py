@@ -3,7 +3,7 @@
 Introduced in chapter 2 ("Naive model parallelism"): the simulator (:mod:`ppbook.planner.simulate`)
 starts an action when the one it waits on has finished, and a recorded timeline
 (:mod:`ppbook.timeline`) is read with the same rule to tell waiting for a peer from time a rank
-spends on its own. Part of the torch-free planner; :mod:`ppbook.dataflow` re-exports it.
+spends on its own. Part of the torch-free planner.
 
 An action is ``(stage, kind, microbatch)`` in torch's notation (``F`` forward, ``B`` full
 backward, ``I`` input-gradient backward, ``W`` weight-gradient backward).

@@ -1,9 +1,9 @@
 """FSDP2's all-gathers in one pipeline step, counted from the schedule's order: the planner's
 count, and the unshard window torch's pipelining runtime adds.
 
-Introduced in chapter 12 ("A pipeline among the tools it is combined with"), which checks it
+Introduced in chapter 12 ("FSDP2 and tensor parallelism inside a pipeline's stages"), which checks it
 against :mod:`ppbook.fsdp_probe`'s measurements. Part of the torch-free planner, whose search
-counts FSDP's all-gathers with it (:mod:`ppbook.fsdp_window` re-exports it). A stage is described
+counts FSDP's all-gathers with it. A stage is described
 by the bytes of its parameter groups (one per ``fully_shard`` call: each block, then the stage's
 root group).
 

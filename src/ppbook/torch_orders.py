@@ -1,22 +1,18 @@
-"""The simulator of pipeline schedules, and torch's own orders to check it against.
+"""Each rank's order of actions as torch's own schedule classes build it, to check the torch-free
+planner's orders and the simulator against.
 
-Introduced in chapter 2 ("Naive model parallelism"), which replays its measured timeline; chapter 3
-("GPipe and the bubble") and the schedules chapter extend it.
-
-The simulator and the schedules' orders live in the torch-free planner
-(:mod:`ppbook.planner.simulate`, :mod:`ppbook.planner.schedules`), which the chapters use through
-this module. What needs torch stays here: :func:`torch_order` builds an order with torch's own
-schedule class (on mock stages), which the tests and the schedules chapter compare with the
-pure one.
+Introduced in chapter 5 ("The schedules"). The orders as pure functions and the simulator live
+in the torch-free planner (:mod:`ppbook.planner.schedules`, :mod:`ppbook.planner.simulate`), which
+the chapters import directly; what needs torch is here: :func:`torch_order` and
+:func:`schedule_ops` instantiate torch's ``Schedule<name>`` on mock stages (no process group),
+:func:`zb_h1_order` builds ZB-H1 from torch's zero-bubble schedule at one stage per rank.
 """
 
 from __future__ import annotations
 
 import functools
 
-from ppbook.planner.schedules import (HAND_WRITTEN_ORDERS, Action, Order, gpipe_order,  # noqa: F401
-                                      one_f_one_b_order, order, stages_per_rank)
-from ppbook.planner.simulate import Costs, messages, peak_in_flight, simulate  # noqa: F401
+from ppbook.planner.schedules import Action, Order, one_f_one_b_order, stages_per_rank
 
 
 def torch_order(name: str, p: int, m: int, v: int = 2) -> Order:
@@ -72,15 +68,6 @@ def _from_torch(ops) -> Order:
         order[rank] = [Action(a.stage_index, kinds[a.computation_type.name], a.microbatch_index)
                        for a in flat if a.computation_type.name in kinds]
     return order
-
-
-def idle_per_rank(order: Order, costs: Costs) -> float:
-    """How long each rank idles in a step of ``order`` simulated with ``costs``, without
-    communication: the step, first action to last, less the busiest rank's computation. This is
-    what the papers' closed forms give (introduced in chapter 5, "The schedules")."""
-    events = simulate(order, costs)
-    step = max(e.end for e in events) - min(e.start for e in events)
-    return step - max(sum(e.duration for e in events if e.rank == r) for r in order)
 
 
 def zb_h1_order(p: int, m: int) -> Order:

@@ -1,4 +1,4 @@
-"""How much memory training a model takes, and how many devices that state alone needs.
+"""How much memory training the book's models takes, and how many devices that state alone needs.
 
 Introduced in chapter 0 ("Why models outgrow one device"); "Choosing a pipeline" and the
 schedules chapter use the rest; chapter 11 ("On real GPUs") sets :func:`predict_peak`, the peak of a
@@ -9,10 +9,11 @@ Mixed-precision training with Adam keeps, per parameter (Rajbhandari et al., ZeR
 (a master copy of the weight plus Adam's two moments): 16 bytes in all. Plain fp32 training
 also comes to 16 bytes (4 + 4 + 8). Activations come on top and grow with batch and sequence.
 
-The formulas live in the torch-free planner (:mod:`ppbook.planner.memory`), which the planner's
-command line, its page on the site and these chapters all use; this module takes the book's own
-:class:`~ppbook.models.LlamaConfig` and adds what needs torch: exact parameter counts of models
-built on the meta device, which the tests compare with the planner's.
+The formulas live in the torch-free planner (:mod:`ppbook.planner.memory`, bytes from a model's
+shape), which the planner's command line, its page on the site and these chapters all use; this
+module takes the book's own :class:`~ppbook.models.LlamaConfig` and adds what needs torch: exact
+parameter counts of models built on the meta device, which the tests compare with the planner's,
+and the predicted peak of a companion script's training step.
 """
 
 from __future__ import annotations
