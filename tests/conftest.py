@@ -19,8 +19,18 @@ sys.path.insert(0, str(ROOT / "tools"))
 
 import make_pdf  # noqa: E402
 
+# One OpenMP thread per process unless the caller sets it: the suite runs the book's pages, its own
+# process and the ranks it launches on a few cores at once, and OpenMP's threads spin while they
+# wait for one another, so with a thread per core in every process a small operation waits for a
+# thread that is not running (an in-process device check took 38 s beside the book build, 1 s with
+# one thread). Set before torch loads, so the book build and every launch inherit it.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 def pytest_configure(config):
+    import torch
+
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))  # in case a plugin loaded torch first
     config.addinivalue_line("markers", "torchrun: launches processes (a script under torchrun, or alone); "
                                        "make test-fast leaves these out")
     config.addinivalue_line("markers", "book: builds the whole book or drives a browser")

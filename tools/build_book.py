@@ -182,6 +182,11 @@ def main(argv=None) -> int:
     # keep stale outputs after a change in scripts/ or src/
     for stale in ((), (".jupyter_cache",))[not args.keep_cache] + ("html", "jupyter_execute"):
         shutil.rmtree(build / stale, ignore_errors=True)
+    # Each page's kernel and each rank it launches get their share of the cores, no more: OpenMP's
+    # threads spin while they wait for one another, so with more threads than cores (two pages at
+    # once, each with a thread per core) a small operation waits for a thread that is not running,
+    # and pages took several times as long. A reader's own OMP_NUM_THREADS is kept.
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // args.jobs)))
     t0 = time.perf_counter()
     status = execute_pages(root, build / ".jupyter_cache", args.jobs)
     if status:
