@@ -180,11 +180,11 @@ TRACKED_RUNS = [
                       "--dim", "32"]),
     ("12_recompute.py", ["--check", "--layers", "2", "--dim", "32", "--steps", "1", "--warmup", "0"]),
     ("13_moe.py", ["--pp", "1", "--ep", "1", "--check", "--layers", "2", "--dim", "32", "--steps", "1", "--warmup",
-                   "0"]),
+                   "0", "--microbatches", "2", "--batch-size", "4", "--seq-len", "8"]),
     ("14_own_schedule.py", ["--check", "--schedules", "1F1B-hand", "1F1B", "Interleaved1F1B", "ZB-H2", "V-Half",
                             "ZBVZeroBubble", "DualPipeV", "--layers", "4", "--dim", "16", "--steps", "1", "--warmup",
-                            "0"]),
-    ("15_packed.py", ["--check", "--layers", "4", "--lengths"]),
+                            "0", "--microbatches", "4", "--batch-size", "4", "--seq-len", "8"]),
+    ("15_packed.py", ["--check", "--layers", "2", "--seq-len", "16", "--microbatches", "2", "--lengths"]),
     ("a1_migrate.py", ["--check", "--balance", "2", "--steps", "1", "--checkpoint", "always"]),
     ("06_train.py", ["--steps", "1", "--eval-batches", "1", "--batch-size", "4", "--seq-len", "16", "--layers", "2",
                      "--dim", "32", "--microbatches", "2", "--dtype", "bfloat16", "--check"]),
@@ -425,7 +425,8 @@ def test_06_train_bfloat16_at_two_processes_matches_one_process():
     from ppbook import launch, precision
 
     r = launch.torchrun("06_train.py", ["--dtype", "bfloat16", "--steps", "2", "--eval-batches", "1", "--check",
-                                        "--device", "cpu"], nproc=2, timeout=300)
+                                        "--device", "cpu", "--seq-len", "16", "--layers", "2", "--dim", "32"],
+                        nproc=2, timeout=300)
     assert r.data["match"] and r.data["dtype"] == "bfloat16", r.data
     assert r.data["tolerance"] == precision.tolerance("bfloat16")
     assert max(r.data["diffs"].values()) <= r.data["tolerance"]
@@ -435,7 +436,9 @@ def test_06_train_bfloat16_at_two_processes_matches_one_process():
 @pytest.mark.parametrize("script,nproc,extra", [("01_first_pipeline.py", 2, []), ("08_beyond_chain.py", 2, []),
                                                ("09_scaling_out.py", 4, ["--dp", "2", "--steps", "2"]),
                                                ("05_schedules.py", 2, ["--schedules", "1F1B", "ZBVZeroBubble", "--steps",
-                                                                       "1", "--warmup", "0", "--dim", "32"]),
+                                                                       "1", "--warmup", "0", "--dim", "32", "--seq-len",
+                                                                       "16", "--layers", "4", "--microbatches", "4",
+                                                                       "--batch-size", "8"]),
                                                ("07_checkpointing.py", 2, ["--steps", "2"]),
                                                ("a1_migrate.py", 2, ["--checkpoint", "always"])])
 def test_bfloat16_pipelines_match_one_process(script, nproc, extra):
