@@ -117,6 +117,37 @@ def test_predicted_vs_measured_on_a_simulated_run():
     assert math.isclose(measured, sum(timeline.busy_fractions(events).values()) / 2)
 
 
+def test_replays_draw_what_simulate_draws():
+    """fit's replays skip simulate() for speed (the order compiled once, no events per draw);
+    they must give exactly what simulate() gives with the same draws: busy fractions and step
+    times of a step with long-tailed gaps and hand-offs, bit for bit, on a looped and a V order."""
+    import random
+
+    from ppbook import fit, measure
+
+    for order in (schedules.order("Interleaved1F1B", 2, 4, 2), torch_orders.torch_order("ZBVZeroBubble", 2, 4)):
+        rng = random.Random(1)
+        costs = {"F": 1.0, "B": 2.0, "I": 1.0, "W": 1.0}
+        events = simulate.simulate(order, costs, latency=lambda s, r: rng.choice([0.1, 0.2, 3.0]),
+                                   overhead=lambda a: rng.choice([0.0, 0.05, 1.5]))
+        step = measure.step_summary(events, seconds=timeline.span(events)[1])
+        assert step["gaps"] and len(set(step["handoffs"])) > 1  # distributions to draw from
+
+        def reference(draws=7, seed=3):  # simulate() itself, with fit's draws in fit's order
+            rng = random.Random(seed)
+            gaps = {(int(k[:-1]), k[-1]): v for k, v in step["gaps"].items()}
+            inputs = fit.simulator_inputs(step)
+            for _ in range(draws):
+                yield simulate.simulate(order, inputs["costs"], latency=lambda s, r: rng.choice(step["handoffs"]),
+                                        overhead=lambda a: rng.choice(gaps[(a.stage, a.kind)])
+                                        if (a.stage, a.kind) in gaps else 0.0)
+
+        busy = [sum(timeline.busy_fractions(ev).values()) / 2 for ev in reference()]
+        spans = [timeline.span(ev)[1] - timeline.span(ev)[0] for ev in reference()]
+        assert fit.predicted_vs_measured({"steps": [step]}, order, draws=7, seed=3)[1] == sum(busy) / len(busy)
+        assert fit.predicted_step_time({"steps": [step]}, order, draws=7, seed=3)[1] == sum(spans) / len(spans)
+
+
 def test_plot_on_shared_axes_never_cuts_an_earlier_longer_timeline():
     """Item 14 of issue 13: with sharex=True the last timeline drawn used to set the shared
     x-limit, cutting every longer one drawn before it."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import random
 
-from ppbook import timeline
 from ppbook.planner import schedules, simulate
 
 
@@ -21,21 +20,39 @@ def simulator_inputs(run: dict) -> dict:
             "overhead": {key(k): v for k, v in run["overheads"].items()}}
 
 
-def _simulated_steps(run: dict, order: schedules.Order, draws: int, seed: int):
-    """Yield (measured step summary, simulated events), ``draws`` simulations per measured step,
-    each from what was measured on that step alone (see :func:`predicted_vs_measured`)."""
+def _replays(run: dict, order: schedules.Order, draws: int, seed: int):
+    """Yield (measured step summary, ranks, starts, ends): ``draws`` simulations per measured
+    step, each from what was measured on that step alone (see :func:`predicted_vs_measured`).
+
+    Each draw is what ``simulate.simulate(order, costs, overhead=gap, latency=drawn)`` returns,
+    the same random draws in the same sequence (every hand-off in order, then every gap), but
+    without rebuilding the order and the events each time: the order is compiled once, each
+    step's costs looked up once, and a draw is one :func:`ppbook.planner.simulate.run` over flat
+    lists, starts and ends in the compiled order (rank by rank, in the order each rank runs them).
+    Thousands of draws replay a recorded launch, so this is most of a page's replay time."""
     rng = random.Random(seed)
+    c = simulate.compile_order(order)
     for step in run["steps"]:
         inputs = simulator_inputs(step)
         handoffs = step["handoffs"] or [inputs["latency"]]
         gaps = {(int(k[:-1]), k[-1]): v for k, v in step["gaps"].items()}
+        cost = simulate._cost_fn(inputs["costs"])
+        costs = [cost(a) for a in c.actions]
+        drawn_gaps = [gaps.get((a.stage, a.kind)) for a in c.actions]
+        for _ in range(draws):  # the draws simulate() makes: every hand-off in order, then every gap
+            hops = [rng.choice(handoffs) if remote else 0.0 for remote in c.remote]
+            gap = [0.0 if g is None else rng.choice(g) for g in drawn_gaps]
+            yield (step, c.ranks, *simulate.run(c, costs, hops, gap))
 
-        def gap(action):
-            return rng.choice(gaps[(action.stage, action.kind)]) if (action.stage, action.kind) in gaps else 0.0
 
-        for _ in range(draws):
-            yield step, simulate.simulate(order, inputs["costs"], overhead=gap,
-                                          latency=lambda sent, received: rng.choice(handoffs))
+def _busy_fractions(ranks, start, end) -> list[float]:
+    """:func:`ppbook.timeline.busy_fractions` of the events of one replay, rank by rank in rank
+    order (each rank's durations summed in the order it ran them, as that function sums them)."""
+    step = max(end) - min(start)
+    busy: dict[int, float] = {}
+    for r, s, e in zip(ranks, start, end):
+        busy[r] = busy.get(r, 0.0) + (e - s)
+    return [busy[r] / step for r in sorted(busy)]
 
 
 def predicted_vs_measured(run: dict, order: schedules.Order, draws: int = 50, seed: int = 0) -> tuple[float, float]:
@@ -49,8 +66,8 @@ def predicted_vs_measured(run: dict, order: schedules.Order, draws: int = 50, se
     them; ``draws`` Monte-Carlo runs average over the tails.
     """
     measured = [sum(step["busy"].values()) / len(step["busy"]) for step in run["steps"]]
-    predicted = [sum(timeline.busy_fractions(events).values()) / len(step["busy"])
-                 for step, events in _simulated_steps(run, order, draws, seed)]
+    predicted = [sum(_busy_fractions(ranks, start, end)) / len(step["busy"])
+                 for step, ranks, start, end in _replays(run, order, draws, seed)]
     return sum(measured) / len(measured), sum(predicted) / len(predicted)
 
 
@@ -59,6 +76,5 @@ def predicted_step_time(run: dict, order: schedules.Order, draws: int = 50, seed
     end: (measured, simulated), simulated as in :func:`predicted_vs_measured`.
     Used from chapter 5 ("The schedules") on."""
     measured = [step["span"] for step in run["steps"]]
-    predicted = [timeline.span(events)[1] - timeline.span(events)[0]
-                 for _, events in _simulated_steps(run, order, draws, seed)]
+    predicted = [max(end) - min(start) for _, _, start, end in _replays(run, order, draws, seed)]
     return sum(measured) / len(measured), sum(predicted) / len(predicted)

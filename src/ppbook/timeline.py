@@ -227,8 +227,8 @@ def _block_label_class():
             super().__init__(0, 0, candidates[0], ha="center", va="center", **kwargs)
             self.bar, self.candidates, self.fits = bar, candidates, True
 
-        def _fits(self, renderer, text, size) -> bool:
-            box = self.bar.get_window_extent(renderer)
+        def _fits(self, renderer, text, size, box=None) -> bool:
+            box = self.bar.get_window_extent(renderer) if box is None else box  # _choose passes it
             pad = 1.5 * renderer.points_to_pixels(1.0)
             self.set_text(text)
             self.set_fontsize(size)
@@ -260,12 +260,14 @@ def _block_label_class():
         blocks (one in ten at most, say a sliver a noisy host recorded) would hold a label at the
         smallest size alone, those few stay bare rather than shrink the whole panel's type."""
         smallest, readable_min = sizes[-1], sizes[-2]
-        able = [b for b in labels if b._fits(renderer, b.candidates[-1], smallest)]
-        legible = [b for b in able if b._fits(renderer, b.candidates[-1], readable_min)]
+        boxes = {id(b): b.bar.get_window_extent(renderer) for b in labels}  # each block's, once: tried often
+        able = [b for b in labels if b._fits(renderer, b.candidates[-1], smallest, boxes[id(b)])]
+        legible = [b for b in able if b._fits(renderer, b.candidates[-1], readable_min, boxes[id(b)])]
         depth = max((len(b.candidates) for b in labels), default=1)
 
         def every(blocks, level, size):
-            return all(b._fits(renderer, b.candidates[min(level, len(b.candidates) - 1)], size) for b in blocks)
+            return all(b._fits(renderer, b.candidates[min(level, len(b.candidates) - 1)], size, boxes[id(b)])
+                       for b in blocks)
 
         readable = [(level, size) for level in range(depth) for size in sizes[:-1]]
         for level, size in readable:
