@@ -187,14 +187,17 @@ def simulate_pairs(order: PairOrder, cost: Callable[[Action], float],
     free = {r: 0.0 for r in order}
     position = {r: 0 for r in order}
     events = []
+    # what each item waits on depends on the order alone: found once, not at every retry
+    item_deps = {r: [[(Action(*d), a) for a in item
+                      if (d := waits_on(a.stage, a.kind, a.microbatch, num_stages, present.__contains__)) is not None]
+                     for item in items] for r, items in order.items()}
     remaining = sum(len(items) for items in order.values())
     while remaining:
         progressed = False
         for r, items in order.items():
             while position[r] < len(items):
                 item = items[position[r]]
-                deps = [waits_on(a.stage, a.kind, a.microbatch, num_stages, present.__contains__) for a in item]
-                deps = [(Action(*d), a) for d, a in zip(deps, item) if d is not None]
+                deps = item_deps[r][position[r]]
                 if any(d not in done for d, _ in deps):
                     break  # an input is not there yet: try the other ranks
                 ready = {a: done[d] + (latency(d, a) if actions[d] != r else 0.0) for d, a in deps}
@@ -404,7 +407,7 @@ def plot(events: list[timeline.Event], comm: list[dict] | None = None, ax=None, 
 SHOWN = ("1F1B", "DualPipeV", "DualPipeV-overlap")
 
 
-def assess(data: dict, draws: int = 20) -> dict:
+def assess(data: dict, draws: int = 10) -> dict:
     """What chapter 13 reads from one launch of ``scripts/13_moe.py`` (its ``--json``): for each
     run of :data:`SHOWN`, the measured and simulated mean step (:func:`predicted_step_time`; the
     overlapped run predicted with :func:`cpu_pair_cost` from DualPipeV's pairs and the cores left
