@@ -1,8 +1,8 @@
 """Chapter 12, sequences whose length changes through a pipeline (``scripts/12_shapes.py``). The
 chapter launches and checks, against one process, the four shape strategies and the
 shorter-sequence failure (2 processes). These tests launch its --check at m = 3, 5 and 6 on 2 and
-3 ranks and a longer second step, and cover the rest: packing, batching, the document mask,
-compiled blocks under changing lengths, and bad input."""
+3 ranks (three (p, m) pairs) and a longer second step, and cover the rest: packing, batching, the
+document mask, compiled blocks under changing lengths, and bad input."""
 
 from __future__ import annotations
 
@@ -30,13 +30,14 @@ def test_a_longer_second_step_aborts_gloo():
 
 
 @pytest.mark.torchrun
-@pytest.mark.parametrize("p", [2, 3])
-def test_check_passes_at_3_5_and_6_microbatches(p):  # issue 26
-    for m in (3, 5, 6):
-        r = launch.torchrun(SCRIPT, ["--documents", "60", "--strategies", "bucket", "pack", "--batch-size", "30",
-                                     "--layers", "6", *SMALL, "--microbatches", str(m)], nproc=p, timeout=180,
-                            check=False)
-        assert r.returncode == 0 and r.data["match"], f"{r.shell_command}\n{r.output[-3000:]}"
+@pytest.mark.parametrize("p,m", [(3, 3), (2, 5), (3, 6)])
+def test_check_passes_at_3_5_and_6_microbatches(p, m):
+    """Issue 26. Three (p, m) pairs, not the six of the product: the arithmetic at m does not depend
+    on p. (3, 3): m = p; (2, 5): an odd m that divides into neither p; (3, 6): m = 2p. Each m once,
+    each p at least once."""
+    r = launch.torchrun(SCRIPT, ["--documents", "60", "--strategies", "bucket", "pack", "--batch-size", "30",
+                                 "--layers", "6", *SMALL, "--microbatches", str(m)], nproc=p, timeout=180, check=False)
+    assert r.returncode == 0 and r.data["match"], f"{r.shell_command}\n{r.output[-3000:]}"
 
 
 # --- pure: packing and batching ------------------------------------------------------------------

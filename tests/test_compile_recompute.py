@@ -1,8 +1,9 @@
 """Chapter 12, compile and activation checkpointing in a pipeline (``scripts/12_compile.py``,
 ``scripts/12_recompute.py``). The chapter launches and checks, against one process: the compile
 sweep per block, per stage and in place, and the checkpointing policies with the book's kernels
-(2 processes). These tests launch both scripts' --check at m = 3, 5 and 6 (checkpointing) and once
-per p (compile) on 2 and 3 ranks, the fused kernels under checkpointing, and cover the rest: the
+(2 processes). These tests launch both scripts' --check at m = 3, 5 and 6 (checkpointing, at one p
+each) and once per p (compile: blocks wrapped and compiled in place under every schedule once,
+over the two p) on 2 and 3 ranks, the fused kernels under checkpointing, and cover the rest: the
 compile check, what a stage keeps and what recomputing costs, and bad input."""
 
 from __future__ import annotations
@@ -56,7 +57,11 @@ def test_fused_kernels_keep_what_the_planner_counts_in_every_stage():
 
 
 # --- launched: --check at m = 3, 5 and 6 on 2 and 3 ranks (issue 26) ------------------------------
-MS = (3, 5, 6)
+# Checkpointing at three (p, m) pairs, not the six of the product: what is checked is the arithmetic
+# at m (and what a stage keeps, which the model gives at any m), not p. (3, 3): m = p; (2, 5): an odd
+# m that divides into neither p; (3, 6): m = 2p. Each m once, each p at least once; every schedule at
+# every m is also checked eager by 05_schedules.py (tests/test_check_every_m.py).
+RECOMPUTE_M = {2: (5,), 3: (3, 6)}
 EVERY_M = ["--batch-size", "30", "--layers", "6", *SMALL]  # 30: divisible by 3, 5 and 6
 # The compile sweep once per p, at an m where (nearly) every schedule is legal: what compiling
 # changes does not depend on m (each block is compiled once and its graph runs once per microbatch,
@@ -70,21 +75,41 @@ def legal(schedules, p: int, m: int) -> list[str]:
     return [s for s in schedules if schedule_problem(s, p, m, 2, 6) is None]
 
 
+def compile_plan(p: int) -> set[tuple[str, str]]:
+    """The (schedule, mode) pairs the sweep runs on p ranks: each compiled mode under every schedule
+    once, split over the two p (compiling is most of this test's time, and a mode compiles each
+    block's one graph the same way whatever p is). On 2 ranks, every schedule's blocks wrapped (the
+    split schedules refuse them), and DualPipeV in place (legal at m = 6 only on 2 ranks); on 3
+    ranks, in place under every legal schedule: the way that runs under all of them. Whole stages
+    (under 1F1B: runs; under DualPipeV: refused with torch's message) are chapter 12's own launch at
+    2 processes, checked there against one process, with their compiled graphs run."""
+    names = legal(TORCH_SCHEDULES, p, COMPILE_M[p])
+    if p == 3:
+        return {(s, "in-place") for s in names}
+    return {(s, "blocks") for s in names} | {("DualPipeV", "in-place")}
+
+
 def compile_sweep(p: int) -> list[str]:
-    """Every legal schedule compiled per block, or in place where the split schedules refuse the
-    wrapper; on 2 ranks also whole stages, under 1F1B (runs) and DualPipeV (refused) only: a whole
-    stage compiles slowly."""
-    stage = ["stage", "--stage", "1F1B", "DualPipeV"] if p == 2 else []
-    return ["--compile-modes", "blocks", "in-place", *stage, "--schedules", *legal(TORCH_SCHEDULES, p, COMPILE_M[p])]
+    """The arguments of 12_compile.py that run :func:`compile_plan`."""
+    names = legal(TORCH_SCHEDULES, p, COMPILE_M[p])
+    if p == 3:
+        return ["--compile-modes", "in-place", "--in-place", *names, "--schedules", *names]
+    return ["--compile-modes", "blocks", "in-place", "--in-place", "DualPipeV", "--schedules", *names]
+
+
+def test_the_compile_sweeps_run_each_mode_under_every_schedule():
+    """Together, the two sweeps run blocks wrapped and blocks compiled in place under every schedule
+    of torch 2.13 (whole stages: the chapter's launch), the wrappers' refusals included."""
+    plan = compile_plan(2) | compile_plan(3)
+    for mode in ("blocks", "in-place"):
+        assert {s for s, m in plan if m == mode} == set(TORCH_SCHEDULES), mode
 
 
 def check_compiled(d: dict, p: int) -> None:
     """The compile sweep's runs: the wrappers refused with torch's message exactly where the
     backward splits, everything else compiled (its graphs ran) and equal to one process."""
     m, tol = d["microbatches"], precision.tolerance("float32")
-    ran = {(r["schedule"], r["mode"]) for r in d["runs"]}
-    assert {s for s, _ in ran} == set(legal(TORCH_SCHEDULES, p, m)), ran
-    assert {x for x in ran if x[1] == "stage"} == ({("1F1B", "stage"), ("DualPipeV", "stage")} if p == 2 else set())
+    assert {(r["schedule"], r["mode"]) for r in d["runs"]} == compile_plan(p)
     for r in d["runs"]:
         where = (r["schedule"], r["mode"])
         if r["schedule"] in SPLIT and r["mode"] != "in-place":
@@ -92,15 +117,14 @@ def check_compiled(d: dict, p: int) -> None:
                    "torch.compile" in r["refused"], where
             continue
         assert r["refused"] is None and r["max_grad_diff"] <= tol and r["compiled_runs"] > 0, (where, r)
-        stages = p * (1 if r["schedule"] in ("GPipe", "1F1B") else 2)
-        graphs = stages if r["mode"] == "stage" else r["microbatches_x_blocks"] // m  # compiled modules
-        assert r["graph_calls"]["forward in F"] == m * graphs, (where, r["graph_calls"])  # once per microbatch
+        blocks = r["microbatches_x_blocks"] // m  # compiled modules: one per block
+        assert r["graph_calls"]["forward in F"] == m * blocks, (where, r["graph_calls"])  # once per microbatch
 
 
 @pytest.mark.torchrun
 @pytest.mark.parametrize("p", [2, 3])
 def test_check_passes_at_3_5_and_6_microbatches(p):
-    for m in MS:  # checkpointing per stage: every 1F1B stage keeps what the model says
+    for m in RECOMPUTE_M[p]:  # checkpointing per stage: every 1F1B stage keeps what the model says
         d = checked(RECOMPUTE, ["--policies", "none", "full,selective", *EVERY_M, "--microbatches", str(m)], p)
         for run in d["runs"]:
             assert {s: st["saved_peak_bytes"] for s, st in run["stages"].items()} == run["stage_model_bytes"], run

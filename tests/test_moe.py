@@ -7,7 +7,7 @@ one process. These tests cover the pure functions and launch, in float64 against
 (gradients, weights, losses and the tokens dropped): PP x EP at 4 processes (1F1B, DualPipeV,
 DualPipeV with the overlap), the overlap without any all-to-all (PP = 2, EP = 1) and with the
 whole V on one rank (PP = 1, EP = 2), expert parallelism over 4 ranks, and --check at m = 3, 5
-and 6 on 2 and 3 ranks."""
+and 6 on 2 and 3 ranks (three (p, m) pairs per layout)."""
 
 from __future__ import annotations
 
@@ -297,8 +297,14 @@ def test_pipelines_times_experts_on_four_processes_equal_one_process():
 # (--ep 1) and experts only (--pp 1; 3 ranks need a multiple of 3 experts). A schedule runs where
 # it is legal: 1F1B needs m >= p; DualPipeV has 2p stages and needs m >= 2p, so m = 3 is refused on
 # a 2-rank pipeline and only m = 6 runs on a 3-rank one (with 6 layers, one per stage).
+# Each layout at three (p, m) pairs, not the six of the product: the arithmetic at m does not
+# depend on p. (3, 3): m = p; (2, 5): an odd m that divides into neither p, where DualPipeV runs at
+# an odd m on a 2-rank pipeline; (3, 6): m = 2p, DualPipeV on a 3-rank pipeline. Each m once per
+# layout, each p in both.
 EVERY_M = (3, 5, 6)
+PAIRS = ((3, 3), (2, 5), (3, 6))  # (p, m)
 LAYOUTS = [(2, 2, 1), (2, 1, 2), (3, 3, 1), (3, 1, 3)]  # (processes, pp, ep)
+CASES = [(nproc, pp, ep, m) for nproc, pp, ep in LAYOUTS for p, m in PAIRS if p == nproc]
 
 
 def legal_runs(pp: int, m: int) -> list[str]:
@@ -311,19 +317,22 @@ def test_every_layout_and_m_runs_something():
     assert [legal_runs(2, m) for m in EVERY_M] == [["1F1B"]] + [["1F1B", "DualPipeV", "DualPipeV-overlap"]] * 2
     assert [legal_runs(3, m) for m in EVERY_M] == [["1F1B"], ["1F1B"], ["1F1B", "DualPipeV", "DualPipeV-overlap"]]
     assert all(legal_runs(1, m) == ["1F1B", "DualPipeV", "DualPipeV-overlap"] for m in EVERY_M)
+    for pipeline in (True, False):  # each layout family runs every m, on 2 and on 3 ranks
+        family = [(nproc, m) for nproc, pp, ep, m in CASES if (ep == 1) == pipeline]
+        assert {m for _, m in family} == set(EVERY_M) and {n for n, _ in family} == {2, 3}
+    assert {run for _, pp, _, m in CASES for run in legal_runs(pp, m)} == {"1F1B", "DualPipeV", "DualPipeV-overlap"}
 
 
 @pytest.mark.torchrun
-@pytest.mark.parametrize("nproc,pp,ep", LAYOUTS)
-def test_check_passes_at_m_3_5_and_6(nproc, pp, ep):
-    for m in EVERY_M:
-        runs = legal_runs(pp, m)
-        args = ["--pp", pp, "--ep", ep, "--experts", 6 if ep == 3 else 4, "--layers", 6, "--runs", *runs,
-                "--microbatches", m, "--batch-size", m * ep, *SMALL]
-        r = launch.torchrun("13_moe.py", args, nproc=nproc, timeout=300, check=False)
-        assert r.returncode == 0, f"{r.shell_command}\n{r.output[-3000:]}"
-        check_matches(r.data, runs)
-        assert r.data["microbatches"] == m
+@pytest.mark.parametrize("nproc,pp,ep,m", CASES)
+def test_check_passes_at_m_3_5_and_6(nproc, pp, ep, m):
+    runs = legal_runs(pp, m)
+    args = ["--pp", pp, "--ep", ep, "--experts", 6 if ep == 3 else 4, "--layers", 6, "--runs", *runs,
+            "--microbatches", m, "--batch-size", m * ep, *SMALL]
+    r = launch.torchrun("13_moe.py", args, nproc=nproc, timeout=300, check=False)
+    assert r.returncode == 0, f"{r.shell_command}\n{r.output[-3000:]}"
+    check_matches(r.data, runs)
+    assert r.data["microbatches"] == m
 
 
 @pytest.mark.torchrun

@@ -4,9 +4,9 @@ The pure tests check the order generators (every action once, the right placemen
 torch's runtime accepts them, the papers' properties) and the checks of ``custom_schedules``;
 the torchrun tests run all eight schedules at p = 2 (with a ninth order from a --csv file) and
 p = 4 against one process, bitwise in float32, and check that each rank ran the order the
-simulator is given, and every legal schedule's --check at m = 3, 5 and 6 on 2 and 3 ranks. The
-chapter launches p = 2, the four split-backward schedules at p = 4 with small shapes, and the two
-failures; these launches do not repeat them.
+simulator is given, and every legal schedule's --check at m = 3, 5 and 6 on 2 and 3 ranks (three
+(p, m) pairs). The chapter launches p = 2, the four split-backward schedules at p = 4 with small
+shapes, and the two failures; these launches do not repeat them.
 """
 
 from __future__ import annotations
@@ -306,19 +306,44 @@ def test_all_eight_match_one_process_at_4_ranks():
     assert per_rank["V-Half"] < per_rank["ZBVZeroBubble"]  # measured: V-Half holds less
 
 
-@pytest.mark.torchrun
-@pytest.mark.parametrize("p", [2, 3])
-def test_check_passes_at_3_5_and_6_microbatches(p):
-    """Issue 26: --check holds at every legal m, not only powers of two; in float32 every schedule
-    sums the same microbatches in the same order as the one-process run, so to the bit."""
+PAIRS = ((3, 3), (2, 5), (3, 6))  # (p, m)
+
+
+def legal_at(p: int, m: int) -> list[str]:
     script = launch.load_script("14_own_schedule.py")
-    for m in (3, 5, 6):
-        legal = [n for n in script.SCHEDULES if schedule_problem(script.PLACED_AS.get(n, n), p, m, 2, 6) is None]
-        r = launch.torchrun("14_own_schedule.py", ["--schedules", *legal, "--microbatches", str(m), "--batch-size", "30",
-                                                   "--layers", "6", "--dim", "32", "--seq-len", "8", "--steps", "1",
-                                                   "--warmup", "0", "--check"], nproc=p, timeout=120, check=False)
-        assert r.returncode == 0, f"{r.shell_command}\n{r.output[-3000:]}"
-        check_run(r.data, p, legal)
+    return [n for n in script.SCHEDULES if schedule_problem(script.PLACED_AS.get(n, n), p, m, 2, 6) is None]
+
+
+def every_m_launches() -> list[tuple[int, int, list[str]]]:
+    """(p, m, schedules): every legal schedule at each pair, and at (2, 6) those that no pair runs on
+    2 ranks (the interleaved ones refuse m = 5 there)."""
+    runs = [(p, m, legal_at(p, m)) for p, m in PAIRS]
+    on_two = {n for p, _, names in runs if p == 2 for n in names}
+    return [*runs, (2, 6, [n for n in legal_at(2, 6) if n not in on_two])]
+
+
+def test_the_launches_run_every_schedule_on_each_p():
+    script = launch.load_script("14_own_schedule.py")
+    runs = every_m_launches()
+    assert {m for _, m, _ in runs} == {3, 5, 6}
+    for p in (2, 3):
+        assert {n for q, _, names in runs if q == p for n in names} == set(script.SCHEDULES), p
+
+
+@pytest.mark.torchrun
+@pytest.mark.parametrize("p,m,legal", [pytest.param(*x, id=f"p{x[0]}-m{x[1]}") for x in every_m_launches()])
+def test_check_passes_at_3_5_and_6_microbatches(p, m, legal):
+    """Issue 26: --check holds at every legal m, not only powers of two; in float32 every schedule
+    sums the same microbatches in the same order as the one-process run, so to the bit. Three
+    (p, m) pairs, not the six of the product: the arithmetic at m does not depend on p. (3, 3):
+    m = p; (2, 5): an odd m that divides into neither p, where DualPipeV runs at an odd m; (3, 6):
+    m = 2p, every schedule on 3 ranks. (2, 6) adds the two interleaved schedules on 2 ranks, which
+    refuse m = 5 there. Each m once, every schedule on 2 ranks and on 3 (checked above)."""
+    r = launch.torchrun("14_own_schedule.py", ["--schedules", *legal, "--microbatches", str(m), "--batch-size", "30",
+                                               "--layers", "6", "--dim", "32", "--seq-len", "8", "--steps", "1",
+                                               "--warmup", "0", "--check"], nproc=p, timeout=120, check=False)
+    assert r.returncode == 0, f"{r.shell_command}\n{r.output[-3000:]}"
+    check_run(r.data, p, legal)
 
 
 @pytest.mark.parametrize("args,message", [
