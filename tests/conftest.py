@@ -205,6 +205,12 @@ def pytest_terminal_summary(terminalreporter, config):
         waited = f"; the tests that read it waited {build.waited:.0f} s for it" if build.waited is not None else ""
         terminalreporter.write_line(f"book build: {build.ended - build.started:.0f} s from the end of collection"
                                     f" (exit {build.proc.returncode}){waited}")
+    # The machine is CPU-bound through the suite: this, over the cores, is the floor of its wall time.
+    import resource
+
+    used = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    terminalreporter.write_line(f"CPU: {sum(u.ru_utime + u.ru_stime for u in used):.0f} s (user + system) in "
+                                "pytest and every process it waited for: the book build, the launches, the browser")
 
 
 @pytest.fixture(scope="session")

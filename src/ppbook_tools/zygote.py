@@ -224,7 +224,10 @@ def serve(path: str, parent: int) -> None:
     # a rank that imports the same modules sets them again as it would under torchrun.
     own = sorted(k for k in os.environ if k not in server_env)
     print(f"zygote {os.getpid()}: imported {', '.join(PRELOAD)} in {time.perf_counter() - t0:.1f} s", flush=True)
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # handlers are reaped by the kernel
+    # Each handler is reaped as it ends (not left to the kernel with SIG_IGN, which drops its CPU
+    # time): what the ranks used then adds up into this server's, and into the suite's or the
+    # build's when they reap it, so `time make test` counts every launch.
+    signal.signal(signal.SIGCHLD, _reap)
     while True:
         conn, _ = listener.accept()
         if os.fork() == 0:
@@ -235,6 +238,17 @@ def serve(path: str, parent: int) -> None:
             finally:
                 os._exit(0)
         conn.close()
+
+
+def _reap(signum=None, frame=None) -> None:
+    """Wait for every handler that has ended (SIGCHLD's handler in the server)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
 
 
 def _handle(conn: socket.socket, server_env: dict, own: list[str]) -> None:
