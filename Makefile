@@ -11,6 +11,9 @@ STAMP := $(VENV)/.installed
 #   make book TORCH_INDEX=https://download.pytorch.org/whl/cpu
 TORCH_INDEX ?=
 TORCH_PIN := $(shell grep -m1 '^torch==' requirements-reader.txt)
+# pip installs uv, and uv the rest, with pip's configuration passed on (tools/uv_pip.py): a fresh
+# .venv in about 30 s instead of pip's 130 s on 2 cores
+UV_PIN := uv==0.13.9
 
 NOTEBOOKS_BRANCH := $(shell sed -n 's/^ *ppbook_notebooks_branch: *\([^ #]*\).*/\1/p' _config.yml)
 
@@ -19,10 +22,10 @@ NOTEBOOKS_BRANCH := $(shell sed -n 's/^ *ppbook_notebooks_branch: *\([^ #]*\).*/
 $(STAMP): requirements.txt requirements-reader.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] >= (3, 10) else "ppbook needs Python >= 3.10 (3.11 recommended), found " + sys.version.split()[0])'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(if $(TORCH_INDEX),$(BIN)/python -m pip install --quiet "$(TORCH_PIN)" --index-url $(TORCH_INDEX))
-	$(BIN)/python -m pip install --quiet -r requirements.txt -e .
-	$(BIN)/python -m pip install --quiet --no-deps torchtitan==0.3.0 spmd_types==0.2.3 megatron-core==0.16.1
+	$(BIN)/python -m pip install --quiet $(UV_PIN)
+	$(if $(TORCH_INDEX),$(BIN)/python tools/uv_pip.py --quiet "$(TORCH_PIN)" --index-url $(TORCH_INDEX))
+	$(BIN)/python tools/uv_pip.py --quiet -r requirements.txt -e .
+	$(BIN)/python tools/uv_pip.py --quiet --no-deps torchtitan==0.3.0 spmd_types==0.2.3 megatron-core==0.16.1
 	touch $(STAMP)
 
 # Executes every chapter from an empty cache (jupyter-cache keys on code cells only, so a
