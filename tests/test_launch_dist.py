@@ -260,3 +260,129 @@ def test_reader_command_of_a_real_launch(tmp_path):
     r = launch.python(script, ["--x", 1], timeout=30, env={"PPBOOK_DEMO": "2"})
     assert "--json" in r.shell_command and "--json" not in r.reader_command
     assert r.reader_command.startswith("PPBOOK_DEMO=2 python ") and r.reader_command.endswith(" --x 1")
+
+
+@pytest.mark.torchrun
+def test_a_launch_whose_caller_is_killed_leaves_no_process_behind(tmp_path, server):
+    """The process that asked for a launch dies (a page's kernel killed by Jupyter, a test killed by
+    its timeout): the server sees its connection close and kills the launch's processes."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = write(tmp_path, """
+        import os, pathlib, sys, time
+        pathlib.Path(sys.argv[1]).write_text(str(os.getpid()))
+        time.sleep(600)
+    """)
+    pid_file = tmp_path / "pid"
+    caller = subprocess.Popen([sys.executable, "-c",
+                               "import sys; from pathlib import Path; from ppbook import launch; from ppbook_tools import zygote; "
+                               "r = zygote.run(Path(sys.argv[1]), [sys.argv[2]], None, Path.cwd(), launch.child_env(), 600); "
+                               "sys.exit('the server did not take the launch' if r is None else 0)",
+                               str(script), str(pid_file)])
+    try:
+        deadline = time.monotonic() + 60
+        while not pid_file.is_file() or not pid_file.read_text():
+            assert caller.poll() is None and time.monotonic() < deadline, "the launch did not start"
+            time.sleep(0.05)
+        pid = int(pid_file.read_text())
+        caller.send_signal(signal.SIGKILL)
+        caller.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not os.path.exists(f"/proc/{pid}"), "the launch outlived the process that asked for it"
+    finally:
+        if caller.poll() is None:
+            caller.kill()
+
+
+# ------------------------------------------------------------------ pages' kernels forked from a server
+
+KERNEL_PROBE = """
+import json, os, sys
+first = {"torch_loaded": "torch" in sys.modules}
+import matplotlib, matplotlib.pyplot as plt, torch
+print(json.dumps({**first, "cwd": os.getcwd(), "path0": sys.path[0], "name": __name__, "argv0": sys.argv[0],
+                  "backend": matplotlib.get_backend(), "mpl": os.environ.get("MPLBACKEND"),
+                  "threads": torch.get_num_threads(), "omp": os.environ.get("OMP_NUM_THREADS"),
+                  "parent_is_set": bool(get_ipython().kernel.parent.parent_handle),
+                  "extensions": list(get_ipython().kernel.parent.extensions)}))
+"""
+
+
+@pytest.fixture(scope="module")
+def kernel_server(tmp_path_factory):
+    from ppbook_tools import zygote
+
+    if os.environ.get(zygote.FORCE_TORCHRUN) == "torchrun":
+        pytest.skip("forking is off in this session (PPBOOK_LAUNCHER=torchrun)")
+    saved = os.environ.pop(zygote.KERNEL_ENV, None)
+    server = zygote.start(dict(os.environ), log=tmp_path_factory.mktemp("kernels") / "kernels.log", kernels=True)
+    yield zygote
+    zygote.stop(server)
+    if saved is not None:
+        os.environ[zygote.KERNEL_ENV] = saved
+
+
+def run_probe(folder):
+    import json
+
+    from build_book import execute
+
+    page = folder / "probe.md"
+    page.write_text("---\nkernelspec:\n  name: python3\n  display_name: Python 3\njupytext:\n  text_representation:\n"
+                    "    format_name: myst\n---\n\n```{code-cell} ipython3\n" + KERNEL_PROBE + "```\n\n"
+                    "```{code-cell} ipython3\nplt.plot([0, 1, 0]); plt.show()\n```\n")
+    notebook, _, error = execute(page, timeout=120, allow_errors=False)
+    assert error is None, error
+    first, figure = notebook.cells[0].outputs, notebook.cells[1].outputs
+    probe = json.loads("".join(o.get("text", "") for o in first if o.output_type == "stream"))
+    return probe, [o for o in figure if "image/png" in o.get("data", {})]
+
+
+@pytest.mark.torchrun
+def test_a_forked_kernel_runs_a_page_as_a_fresh_kernel_does(tmp_path, kernel_server, monkeypatch):
+    """A page run by the build's executor in a kernel forked from the server of kernels (torch
+    loaded before its first line) and in a fresh ``ipykernel_launcher``: the same folder, path,
+    argv, inline figures, threads, parent and extensions."""
+    forked, forked_figures = run_probe(tmp_path)
+    monkeypatch.delenv(kernel_server.KERNEL_ENV)
+    fresh, fresh_figures = run_probe(tmp_path)
+    assert forked.pop("torch_loaded") and not fresh.pop("torch_loaded")
+    assert forked == fresh
+    assert fresh["backend"].endswith("backend_inline") and fresh["cwd"] == str(tmp_path)
+    assert len(forked_figures) == len(fresh_figures) == 1
+
+
+@pytest.mark.torchrun
+def test_an_interrupt_reaches_a_forked_kernel(tmp_path, kernel_server):
+    """Jupyter interrupts a kernel (a cell past its timeout, the stop button) with SIGINT to the
+    process it started: the launcher passes it on, and the cell ends in KeyboardInterrupt."""
+    import asyncio
+
+    from build_book import kernel_manager
+
+    async def interrupted() -> str:
+        km = kernel_manager()(kernel_name="python3")
+        await km.start_kernel(cwd=str(tmp_path))
+        kc = km.client()
+        kc.start_channels()
+        try:
+            await kc.wait_for_ready(timeout=120)
+            kc.execute("import sys; print('torch' in sys.modules, flush=True); import time; time.sleep(120)")
+            while True:  # the cell has started when its output arrives
+                msg = await kc.get_iopub_msg(timeout=60)
+                if msg["msg_type"] == "stream":
+                    assert msg["content"]["text"].strip() == "True"  # forked: torch loaded already
+                    break
+            await km.interrupt_kernel()
+            reply = await kc.get_shell_msg(timeout=60)
+            return reply["content"].get("ename", reply["content"]["status"])
+        finally:
+            kc.stop_channels()
+            await km.shutdown_kernel(now=True)
+
+    assert asyncio.run(interrupted()) == "KeyboardInterrupt"

@@ -24,6 +24,7 @@ front matter) run while no other page does, so that their numbers are not anothe
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import subprocess
@@ -56,13 +57,29 @@ def executes_alone(notebook) -> bool:
 KERNEL_ARGS = ["--IPKernelApp.extensions=ppbook_tools.zygote"]
 
 
+def kernel_manager():
+    """nbclient's kernel manager, starting ``ppbook_tools.kernel`` where the kernel spec says
+    ``-m ipykernel_launcher``: the page's kernel forks from the launch server, torch imported, when
+    one runs, and is ``ipykernel_launcher`` itself otherwise."""
+    from jupyter_client.manager import AsyncKernelManager
+
+    class ForkedKernelManager(AsyncKernelManager):
+        def format_kernel_cmd(self, extra_arguments=None):
+            cmd = super().format_kernel_cmd(extra_arguments)
+            return [*cmd[:1], *(["-m", "ppbook_tools.kernel"] if cmd[1:3] == ["-m", "ipykernel_launcher"]
+                                else cmd[1:3]), *cmd[3:]]
+
+    return ForkedKernelManager
+
+
 def execute(page: Path, timeout: int, allow_errors: bool):
     """Run ``page``'s notebook in its own folder (a worker process): (notebook, seconds, error text)."""
     from jupyter_cache.executors.utils import single_nb_execution
 
     notebook = read_page(page)
     result = single_nb_execution(notebook, cwd=str(page.parent), allow_errors=allow_errors, timeout=timeout,
-                                 meta_override=True, extra_arguments=KERNEL_ARGS)
+                                 meta_override=True, extra_arguments=KERNEL_ARGS,
+                                 kernel_manager_class=kernel_manager())
     hide_in_notebook(notebook)  # no page shows the build machine's paths (tracebacks, warnings)
     return notebook, result.time, (result.exc_string if result.err is not None else None)
 
@@ -108,19 +125,30 @@ def execute_pages(root: Path, cache_dir: Path, jobs: int) -> int:
         raise SystemExit("build_book.py: error: execute.run_in_temp is set in _config.yml; "
                          "this tool runs pages in their own folder, as the book's pages expect")
     timeout, allow_errors = int(execute_cfg.get("timeout", 30)), bool(execute_cfg.get("allow_errors", False))
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with servers(cache_dir.parent):
+        return _execute_pages(root, cache_dir, jobs, timeout, allow_errors)
+
+
+@contextlib.contextmanager
+def servers(logs: Path):
+    """The pages' launches fork their ranks from one launch server (ppbook_tools.zygote), unless the
+    caller runs one already (the tests do) or asks for torchrun itself (PPBOOK_LAUNCHER=torchrun);
+    their kernels fork from a server of their own (``ppbook_tools.kernel``), which has the build's
+    environment, as a kernel does. Logs ``zygote.log`` and ``kernels.log`` in ``logs``."""
     from ppbook import launch
     from ppbook_tools import zygote
 
-    # The pages' launches fork their ranks from one launch server (ppbook_tools.zygote), unless the
-    # caller runs one already (the tests do) or asks for torchrun itself (PPBOOK_LAUNCHER=torchrun).
-    server = None
-    if not os.environ.get(zygote.ENV) and os.environ.get(zygote.FORCE_TORCHRUN) != "torchrun":
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        server = zygote.start(launch.child_env(), log=cache_dir.parent / "zygote.log")
+    started = []
+    if os.environ.get(zygote.FORCE_TORCHRUN) != "torchrun":
+        if not os.environ.get(zygote.ENV):
+            started.append(zygote.start(launch.child_env(), log=logs / "zygote.log"))
+        if not os.environ.get(zygote.KERNEL_ENV):
+            started.append(zygote.start(dict(os.environ), log=logs / "kernels.log", kernels=True))
     try:
-        return _execute_pages(root, cache_dir, jobs, timeout, allow_errors)
+        yield
     finally:
-        if server is not None:
+        for server in started:
             zygote.stop(server)
 
 

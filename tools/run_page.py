@@ -17,16 +17,16 @@ touch the build's cache.
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import sys
+import tempfile
 from pathlib import Path
 
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from build_book import execute  # noqa: E402  (the build's own page executor)
+from build_book import execute, servers  # noqa: E402  (the build's own page executor)
 
 GLUE_KEY = re.compile(r"\{glue(?::[a-z]+)?\}`([^`:]+)")
 
@@ -59,15 +59,9 @@ def main(argv=None) -> int:
     cfg = yaml.safe_load((ROOT / "_config.yml").read_text()).get("execute", {})
     timeout, allow_errors = int(cfg.get("timeout", 30)), bool(cfg.get("allow_errors", False))
 
-    from ppbook import launch
-    from ppbook_tools import zygote
-
-    server = None
-    if not os.environ.get(zygote.ENV) and os.environ.get(zygote.FORCE_TORCHRUN) != "torchrun":
-        log = Path(os.environ.get("TMPDIR", "/tmp")) / f"run_page_zygote_{os.getpid()}.log"
-        server = zygote.start(launch.child_env(), log=log)
+    logs = Path(tempfile.mkdtemp(prefix="ppbook-run-page-"))  # the servers' logs (build_book.servers)
     status = 0
-    try:
+    with servers(logs):
         for page in args.pages:
             notebook, seconds, error = execute(page.resolve(), timeout, allow_errors)
             if error is not None:
@@ -86,9 +80,6 @@ def main(argv=None) -> int:
 
                 args.out.mkdir(parents=True, exist_ok=True)
                 nbformat.write(notebook, args.out / page.with_suffix(".ipynb").name)
-    finally:
-        if server is not None:
-            zygote.stop(server)
     return status
 
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 import json
 import os
 import select
@@ -53,11 +54,19 @@ from ppbook.launch import ForkTimeout as Timeout
 from ppbook.launch import kill_tree
 
 ENV = "PPBOOK_ZYGOTE"  # the server's socket path, for every process that may launch
+KERNEL_ENV = "PPBOOK_KERNEL_SERVER"  # the socket of the server of the pages' kernels (ppbook_tools.kernel)
 # Imported once by the server: everything a companion script imports that takes long.
 PRELOAD = ("numpy", "torch", "torch.distributed.pipelining", "torch.distributed.checkpoint",
            "torch.distributed.fsdp", "torch.distributed.tensor", "torch.nn.parallel", "tqdm", "tqdm.auto",
            # chapters 4 and 7's Hugging Face runs: 1-2.5 s per rank to import, paid here once
            "transformers", "transformers.models.llama.modeling_llama", "safetensors.torch")
+# What most pages' kernels import (the server of kernels): torch, and what a kernel and a figure take.
+# ipykernel sets MPLBACKEND to its inline backend when the kernel's environment has none; matplotlib
+# reads it when it loads, so that server sets it first (:func:`serve`), and a forked kernel draws
+# inline as a fresh one does.
+KERNEL_PRELOAD = ("numpy", "torch", "torch.distributed.pipelining", "tqdm", "tqdm.auto", "ipykernel.kernelapp",
+                  "matplotlib.pyplot")
+INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
 # Variables read when Python, torch, OpenMP or tqdm start up: a launch whose value differs from
 # the server's would behave differently in a forked rank, so it runs torchrun instead.
 # OMP_NUM_THREADS is the exception: a rank applies its own with torch.set_num_threads.
@@ -93,9 +102,10 @@ def _differs(env: dict, server_env: dict) -> list[str]:
     return sorted(k for k in keys if env.get(k) != server_env.get(k))
 
 
-def _connect() -> socket.socket | None:
-    """A connection to the running server, or ``None`` when there is none or forking is off."""
-    path = os.environ.get(ENV)
+def _connect(variable: str = ENV) -> socket.socket | None:
+    """A connection to the running server that ``variable`` names, or ``None`` when there is none
+    or forking is off."""
+    path = os.environ.get(variable)
     if not path or os.environ.get(FORCE_TORCHRUN) == "torchrun" or not hasattr(socket, "send_fds"):
         return None
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -113,14 +123,28 @@ def run(script: Path, args: list[str], nproc: int | None, cwd: Path, env: dict,
     ``python script``), and return ``(exit status, output)``; ``None`` when it must run the usual
     way instead (no server, or an environment the server cannot give the ranks).
     Raises :class:`Timeout` after ``timeout`` seconds, with every rank killed."""
-    sock = _connect()
+    return _run({"script": str(script), "args": [str(a) for a in args], "nproc": nproc, "cwd": str(cwd),
+                 "env": env}, timeout)
+
+
+def run_module(module: str, args: list[str], cwd: Path, env: dict, timeout: float,
+               variable: str = ENV) -> tuple[int, str] | None:
+    """Run ``python -m module args`` forked from the server ``variable`` names, as :func:`run` runs a
+    script (a page's kernel: :mod:`ppbook_tools.kernel`). A SIGINT to this process while it runs
+    reaches the module's process (Jupyter interrupts a kernel so)."""
+    return _run({"module": module, "script": module, "args": [str(a) for a in args], "nproc": None,
+                 "cwd": str(cwd), "env": env}, timeout, variable, forward_interrupts=True)
+
+
+def _run(request: dict, timeout: float, variable: str = ENV,
+         forward_interrupts: bool = False) -> tuple[int, str] | None:
+    sock = _connect(variable)
     if sock is None:
         return None
     read_end, write_end = os.pipe()
     deadline = time.monotonic() + timeout
+    interrupt = signal.getsignal(signal.SIGINT)
     try:
-        request = {"script": str(script), "args": [str(a) for a in args], "nproc": nproc, "cwd": str(cwd),
-                   "env": env}
         socket.send_fds(sock, [json.dumps(request).encode()], [write_end])
         os.close(write_end)
         write_end = None
@@ -128,6 +152,8 @@ def run(script: Path, args: list[str], nproc: int | None, cwd: Path, env: dict,
         if not reply or "refused" in reply:  # the environment differs, or the server is gone or stuck
             return None
         handler = reply["pid"]
+        if forward_interrupts:  # the handler passes it on to its process
+            signal.signal(signal.SIGINT, lambda signum, frame: os.kill(handler, signal.SIGINT))
         chunks = []
         while True:
             left = deadline - time.monotonic()
@@ -147,6 +173,8 @@ def run(script: Path, args: list[str], nproc: int | None, cwd: Path, env: dict,
             return 1, output + "\nppbook_tools.zygote: the launch's handler died before its ranks' exit status came back\n"
         return status["returncode"], output
     finally:
+        if forward_interrupts:
+            signal.signal(signal.SIGINT, interrupt)
         os.close(read_end)
         if write_end is not None:
             os.close(write_end)
@@ -164,15 +192,17 @@ def _receive(sock: socket.socket, deadline: float) -> dict | None:
 
 # ----------------------------------------------------------------------------- starting a server
 
-def start(env: dict, log: Path | None = None) -> subprocess.Popen:
+def start(env: dict, log: Path | None = None, kernels: bool = False) -> subprocess.Popen:
     """Start a server for processes with environment ``env`` (and their children), and set
-    ``PPBOOK_ZYGOTE`` in this process's environment. It exits with the process that started it.
-    Returns at once: the server imports torch while the caller goes on, and answers launches
-    made meanwhile when it is ready."""
+    ``PPBOOK_ZYGOTE`` in this process's environment (``kernels``: a server of pages' kernels,
+    :data:`KERNEL_PRELOAD`, named by ``PPBOOK_KERNEL_SERVER``). It exits with the process that
+    started it. Returns at once: the server imports torch while the caller goes on, and answers
+    launches made meanwhile when it is ready."""
     folder = Path(tempfile.mkdtemp(prefix="ppbook-zygote-"))
     path = folder / "socket"
     out = open(log or folder / "log", "ab")
-    server = subprocess.Popen([sys.executable, "-u", "-m", "ppbook_tools.zygote", str(path), str(os.getpid())],
+    server = subprocess.Popen([sys.executable, "-u", "-m", "ppbook_tools.zygote", str(path), str(os.getpid()),
+                               *(["--kernels"] if kernels else [])],
                               env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                               start_new_session=True)
     out.close()
@@ -181,6 +211,9 @@ def start(env: dict, log: Path | None = None) -> subprocess.Popen:
         if server.poll() is not None or time.monotonic() > deadline:
             raise RuntimeError(f"the launch server did not start; see {log or folder / 'log'}")
         time.sleep(0.02)
+    if kernels:
+        os.environ[KERNEL_ENV] = str(path)
+        return server
     os.environ[ENV] = str(path)
     plug_in()
     return server
@@ -189,12 +222,12 @@ def start(env: dict, log: Path | None = None) -> subprocess.Popen:
 def stop(server: subprocess.Popen) -> None:
     """Stop a server started by :func:`start`, and every launch it still runs."""
     kill_tree(server.pid)
-    path = os.environ.get(ENV)
+    variable = KERNEL_ENV if "--kernels" in server.args else ENV
+    path = os.environ.pop(variable, None)
     if path:
         with contextlib.suppress(OSError):
             os.unlink(path)
-    os.environ.pop(ENV, None)
-    if launch.forker() is run:
+    if variable == ENV and launch.forker() is run:
         launch.use_forker(None)
 
 
@@ -210,20 +243,23 @@ def _exit_with_parent(parent: int) -> None:
         sys.exit(0)
 
 
-def serve(path: str, parent: int) -> None:
+def serve(path: str, parent: int, kernels: bool = False) -> None:
     _exit_with_parent(parent)
+    preload = KERNEL_PRELOAD if kernels else PRELOAD
+    if kernels:
+        os.environ.setdefault("MPLBACKEND", INLINE_BACKEND)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(path + ".tmp")
     listener.listen(128)
     os.rename(path + ".tmp", path)  # connect() now queues until accept() below
     t0 = time.perf_counter()
     server_env = dict(os.environ)
-    for name in PRELOAD:
+    for name in preload:
         importlib.import_module(name)
     # What the imports set themselves (TORCHINDUCTOR_CACHE_DIR): a launch may differ in these, since
     # a rank that imports the same modules sets them again as it would under torchrun.
     own = sorted(k for k in os.environ if k not in server_env)
-    print(f"zygote {os.getpid()}: imported {', '.join(PRELOAD)} in {time.perf_counter() - t0:.1f} s", flush=True)
+    print(f"zygote {os.getpid()}: imported {', '.join(preload)} in {time.perf_counter() - t0:.1f} s", flush=True)
     # Each handler is reaped as it ends (not left to the kernel with SIG_IGN, which drops its CPU
     # time): what the ranks used then adds up into this server's, and into the suite's or the
     # build's when they reap it, so `time make test` counts every launch.
@@ -286,20 +322,27 @@ def _handle(conn: socket.socket, server_env: dict, own: list[str]) -> None:
     for _, port_write in ranks.values():
         os.write(port_write, f"{store.port if store else 0}\n".encode())
         os.close(port_write)
-    returncode = _wait(set(ranks), plain=nproc is None)
+    # an interrupt (SIGINT) of the launch goes to its processes, as a terminal's Ctrl-C reaches them
+    signal.signal(signal.SIGINT, lambda signum, frame: _signal(set(ranks), signal.SIGINT))
+    returncode = _wait(set(ranks), plain=nproc is None, caller=conn)
     conn.send(json.dumps({"returncode": returncode}).encode())
     print(f"handler {os.getpid()}: {Path(request['script']).name} {' '.join(request['args'][:6])}"
           f"{' ...' if len(request['args']) > 6 else ''} on {nproc or 'python'}: exit {returncode} "
           f"in {time.perf_counter() - t0:.1f} s", flush=True)
 
 
-def _wait(pids: set[int], plain: bool) -> int:
+def _wait(pids: set[int], plain: bool, caller: socket.socket | None = None) -> int:
     """Wait for every rank; after the first failure stop the rest, as torchrun does. The exit
-    status: torchrun's (1 if any rank failed), or a plain process's own (``-N`` for signal N)."""
+    status: torchrun's (1 if any rank failed), or a plain process's own (``-N`` for signal N).
+    When the ``caller``'s end of the connection closes (the process that asked for the launch was
+    killed), the ranks are killed too: nothing outlives the launch that started it."""
     failed_at, first, stopping = None, 0, False
     while pids:
         pid, status = os.waitpid(-1, os.WNOHANG)
         if pid == 0:
+            if caller is not None and _hung_up(caller):
+                _signal(pids, signal.SIGKILL)
+                caller = None
             waited = time.monotonic() - failed_at if failed_at is not None else 0.0
             if waited > NOTICE and not stopping:
                 _signal(pids, signal.SIGTERM)
@@ -313,6 +356,16 @@ def _wait(pids: set[int], plain: bool) -> int:
         if code != 0 and failed_at is None:
             failed_at, first = time.monotonic(), code
     return first if plain else int(failed_at is not None)
+
+
+def _hung_up(conn: socket.socket) -> bool:
+    """Whether the other end of ``conn`` has closed (it sends nothing while it waits)."""
+    if not select.select([conn], [], [], 0)[0]:
+        return False
+    try:
+        return not conn.recv(1, socket.MSG_PEEK)
+    except OSError:
+        return True
 
 
 def _signal(pids: set[int], sig: int) -> None:
@@ -348,7 +401,8 @@ def _rank(request: dict, rank: int, output: int, port_read: int) -> None:
         os.environ.update(env)
         from ppbook import nccl_rules
 
-        if nccl_rules.asked():  # NCCL's rules on gloo, before the script's first line (ppbook.nccl_rules)
+        # NCCL's rules on gloo before the script's first line (ppbook.nccl_rules); not in a kernel
+        if nccl_rules.asked() and not request.get("module"):
             nccl_rules.install()
         # OpenMP read the server's OMP_NUM_THREADS when torch loaded: give this rank what a fresh
         # process would take, its own OMP_NUM_THREADS or else one thread per CPU it may run on
@@ -356,11 +410,17 @@ def _rank(request: dict, rank: int, output: int, port_read: int) -> None:
 
         torch.set_num_threads(int(env["OMP_NUM_THREADS"]) if env.get("OMP_NUM_THREADS")
                               else len(os.sched_getaffinity(0)))
+        import runpy
+
+        if request.get("module"):  # python -m module: a fresh interpreter's sys.path and argv
+            sys.path[0] = os.getcwd()
+            spec = importlib.util.find_spec(request["module"])
+            sys.argv = [spec.origin if spec else request["module"], *request["args"]]
+            code = _exit_code(lambda: runpy.run_module(request["module"], run_name="__main__", alter_sys=True))
+            return
         script = os.path.abspath(request["script"])
         sys.argv = [request["script"], *request["args"]]
         sys.path[0] = os.path.dirname(script)
-        import runpy
-
         code = _exit_code(lambda: runpy.run_path(script, run_name="__main__"))
     except BaseException:  # in the set-up above: say what went wrong in the launch's output
         with contextlib.suppress(BaseException):
@@ -397,4 +457,4 @@ def _exit_code(main) -> int:
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1], int(sys.argv[2]))
+    serve(sys.argv[1], int(sys.argv[2]), kernels="--kernels" in sys.argv[3:])
