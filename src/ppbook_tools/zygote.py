@@ -38,6 +38,7 @@ import importlib
 import importlib.util
 import json
 import os
+import resource
 import select
 import signal
 import socket
@@ -222,6 +223,8 @@ def start(env: dict, log: Path | None = None, kernels: bool = False) -> subproce
 def stop(server: subprocess.Popen) -> None:
     """Stop a server started by :func:`start`, and every launch it still runs."""
     kill_tree(server.pid)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        server.wait(timeout=10)  # reaped: its CPU time counts in this process's children's
     variable = KERNEL_ENV if "--kernels" in server.args else ENV
     path = os.environ.pop(variable, None)
     if path:
@@ -326,9 +329,14 @@ def _handle(conn: socket.socket, server_env: dict, own: list[str]) -> None:
     signal.signal(signal.SIGINT, lambda signum, frame: _signal(set(ranks), signal.SIGINT))
     returncode = _wait(set(ranks), plain=nproc is None, caller=conn)
     conn.send(json.dumps({"returncode": returncode}).encode())
+    # the CPU of the launch (its processes and this handler) and, in the tests, the test that asked:
+    # the log then says where a session's CPU went, launch by launch
+    cpu = sum(getattr(resource.getrusage(who), f) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+              for f in ("ru_utime", "ru_stime"))
+    test = request["env"].get("PYTEST_CURRENT_TEST", "").rsplit(" ", 1)[0]
     print(f"handler {os.getpid()}: {Path(request['script']).name} {' '.join(request['args'][:6])}"
           f"{' ...' if len(request['args']) > 6 else ''} on {nproc or 'python'}: exit {returncode} "
-          f"in {time.perf_counter() - t0:.1f} s", flush=True)
+          f"in {time.perf_counter() - t0:.1f} s, {cpu:.1f} CPU-s{f' ({test})' if test else ''}", flush=True)
 
 
 def _wait(pids: set[int], plain: bool, caller: socket.socket | None = None) -> int:
