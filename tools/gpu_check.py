@@ -162,10 +162,10 @@ class Session:
 
     def measure(self, what: str, file: str, seconds: float, device: str, tiny: bool, extra=(), reserve=0.0) -> dict:
         """One measurement in a process of its own, bounded by ``seconds`` and by the budget less
-        ``reserve`` (what phase 2 needs)."""
-        cmd = [sys.executable, str(Path(__file__).with_name("gpu_measure.py")), what, str(self.out / file),
-               "--device", device, *(["--tiny"] if tiny else []), *extra]
-        step = {"tag": what, "command": " ".join(["python", "tools/gpu_measure.py", what, file, *cmd[4:]])}
+        ``reserve`` (what phase 2 needs). A fresh ``python`` on a GPU machine; forked from the
+        launch server where one runs (the tests' rehearsal), as every launch is."""
+        args = [what, str(self.out / file), "--device", device, *(["--tiny"] if tiny else []), *extra]
+        step = {"tag": what, "command": " ".join(["python", "tools/gpu_measure.py", what, file, *args[2:]])}
         timeout = min(seconds, self.left() - reserve - 5)
         if timeout < 10:
             step.update(rc=None, status="not run: out of time")
@@ -174,11 +174,11 @@ class Session:
             self.say(f"start {what} (timeout {timeout:.0f} s)")
             t = time.monotonic()
             try:
-                p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=launch.repo_root(),
-                                   env=launch.child_env())
-                rc, text = p.returncode, p.stdout + p.stderr
-            except subprocess.TimeoutExpired as err:
-                rc, text = "timeout", _text(err.stdout) + _text(err.stderr)
+                r = launch.python(str(Path(__file__).with_name("gpu_measure.py")), args, timeout=timeout,
+                                  check=False, json_result=False)
+                rc, text = r.returncode, r.output
+            except launch.LaunchError as err:  # past its timeout, every process killed
+                rc, text = "timeout", str(err)
             step.update(rc=rc, seconds=time.monotonic() - t, status="passed" if rc == 0 else "failed",
                         tail=text[-3000:])
             self.say(f"end {what}: rc={rc} in {step['seconds']:.1f} s\n"
@@ -193,10 +193,6 @@ class Session:
             self.check["runs"].append(result)
         self.save()
         self.say(f"{result['name']}: {result['status']}")
-
-
-def _text(b) -> str:
-    return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
 
 
 def streams_run(session: Session, commands: list[dict], streams: int, timeout: float) -> None:
