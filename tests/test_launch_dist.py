@@ -319,12 +319,12 @@ def kernel_server(tmp_path_factory):
 
     if os.environ.get(zygote.FORCE_TORCHRUN) == "torchrun":
         pytest.skip("forking is off in this session (PPBOOK_LAUNCHER=torchrun)")
-    saved = os.environ.pop(zygote.KERNEL_ENV, None)
+    if os.environ.get(zygote.KERNEL_ENV):  # the session's (tests/conftest.py)
+        yield zygote
+        return
     server = zygote.start(dict(os.environ), log=tmp_path_factory.mktemp("kernels") / "kernels.log", kernels=True)
     yield zygote
     zygote.stop(server)
-    if saved is not None:
-        os.environ[zygote.KERNEL_ENV] = saved
 
 
 def run_probe(folder):
@@ -348,6 +348,9 @@ def test_a_forked_kernel_runs_a_page_as_a_fresh_kernel_does(tmp_path, kernel_ser
     """A page run by the build's executor in a kernel forked from the server of kernels (torch
     loaded before its first line) and in a fresh ``ipykernel_launcher``: the same folder, path,
     argv, inline figures, threads, parent and extensions."""
+    # a variable the server of kernels does not read (it does not import transformers), set other
+    # than in the server (tests/test_hf.py sets it in its worker): the kernel still forks
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0" if os.environ.get("HF_HUB_OFFLINE") == "1" else "1")
     forked, forked_figures = run_probe(tmp_path)
     monkeypatch.delenv(kernel_server.KERNEL_ENV)
     fresh, fresh_figures = run_probe(tmp_path)
@@ -385,4 +388,7 @@ def test_an_interrupt_reaches_a_forked_kernel(tmp_path, kernel_server):
             kc.stop_channels()
             await km.shutdown_kernel(now=True)
 
-    assert asyncio.run(interrupted()) == "KeyboardInterrupt"
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:  # a loop of its own: the session may run one in this thread
+        assert pool.submit(asyncio.run, interrupted()).result() == "KeyboardInterrupt"

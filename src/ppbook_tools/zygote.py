@@ -73,6 +73,10 @@ INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
 # OMP_NUM_THREADS is the exception: a rank applies its own with torch.set_num_threads.
 MUST_MATCH = ("PYTHON", "TORCH", "PYTORCH", "OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS", "NUMPY",
               "CUDA", "NCCL", "GLOO", "TQDM_", "LD_", "MALLOC", "TMPDIR", "HF_", "TRANSFORMERS_")
+# The server of kernels does not import transformers (KERNEL_PRELOAD): a kernel's HF_ variables are
+# read when its page imports it, after the fork. Matplotlib's are read when it loads, in the server,
+# where MPLBACKEND is what ipykernel sets when the kernel's environment has none.
+KERNEL_MUST_MATCH = tuple(p for p in MUST_MATCH if p not in ("HF_", "TRANSFORMERS_")) + ("MPL",)
 # When a rank fails, torchrun notices at its next look (every 0.1 s) and only then stops the
 # others. A peer whose connection the failed rank closed fails at once and says so ("Connection
 # closed by peer", which chapter A3 teaches readers to look past); stopped the instant the first
@@ -97,9 +101,9 @@ def load_ipython_extension(ipython) -> None:
     plug_in()
 
 
-def _differs(env: dict, server_env: dict) -> list[str]:
-    """The variables of :data:`MUST_MATCH` whose values differ between ``env`` and the server's."""
-    keys = {k for k in (*env, *server_env) if k.startswith(MUST_MATCH) and k != "OMP_NUM_THREADS"}
+def _differs(env: dict, server_env: dict, must_match: tuple[str, ...] = MUST_MATCH) -> list[str]:
+    """The variables of ``must_match`` whose values differ between ``env`` and the server's."""
+    keys = {k for k in (*env, *server_env) if k.startswith(must_match) and k != "OMP_NUM_THREADS"}
     return sorted(k for k in keys if env.get(k) != server_env.get(k))
 
 
@@ -273,7 +277,7 @@ def serve(path: str, parent: int, kernels: bool = False) -> None:
             listener.close()
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             try:
-                _handle(conn, server_env, own)
+                _handle(conn, server_env, own, KERNEL_MUST_MATCH if kernels else MUST_MATCH)
             finally:
                 os._exit(0)
         conn.close()
@@ -290,14 +294,15 @@ def _reap(signum=None, frame=None) -> None:
             return
 
 
-def _handle(conn: socket.socket, server_env: dict, own: list[str]) -> None:
+def _handle(conn: socket.socket, server_env: dict, own: list[str], must_match: tuple[str, ...] = MUST_MATCH) -> None:
     data, fds, _, _ = socket.recv_fds(conn, _MAX_MESSAGE, 1)
     if not data or not fds:
         return
     output = fds[0]
     request = json.loads(data)
     env = request["env"]
-    differ = [k for k in _differs(env, server_env) if k not in own]
+    seen = {"MPLBACKEND": INLINE_BACKEND, **env} if must_match is KERNEL_MUST_MATCH else env
+    differ = [k for k in _differs(seen, server_env, must_match) if k not in own]
     if differ:
         conn.send(json.dumps({"refused": differ}).encode())
         print(f"handler {os.getpid()}: {Path(request['script']).name}: runs torchrun, since these differ: "
