@@ -58,8 +58,12 @@ pdf: $(STAMP) browser-deps
 browser-deps:
 	@bash tools/ensure_chromium.sh
 
+# Three pytest workers (pytest-xdist): one takes the tests that read the built book first and
+# builds it, the others run every other test meanwhile, a test file at a time (tests/conftest.py).
+# On two cores one process left a core idle for half the session. TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 3
 test: $(STAMP) browser-deps
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --no-loadscope-reorder)
 
 # The inner loop: pure and in-process tests only (no launched process, no book, no browser).
 test-fast: $(STAMP)

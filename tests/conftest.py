@@ -27,6 +27,17 @@ import make_pdf  # noqa: E402
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+def _worker(config) -> bool:
+    """Whether this is a worker of ``pytest -n N`` (pytest-xdist; ``make test`` runs three)."""
+    return hasattr(config, "workerinput")
+
+
+def _controller(config) -> bool:
+    """Whether this process hands the tests to ``pytest -n N``'s workers and runs none itself."""
+    return not _worker(config) and bool(getattr(config.option, "numprocesses", None))
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's own (the controller's servers log in its temporary folders)
 def pytest_configure(config):
     import torch
 
@@ -34,6 +45,9 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "torchrun: launches processes (a script under torchrun, or alone); "
                                        "make test-fast leaves these out")
     config.addinivalue_line("markers", "book: builds the whole book or drives a browser")
+    if _controller(config):
+        start_servers(config)  # before the workers start: they inherit the servers' sockets
+        os.environ[SHARED_ENV] = str(config._tmp_path_factory.mktemp("shared"))
 
 
 #: The whole book from an empty cache: about 11 minutes on an idle 2-core machine, and longer while
@@ -46,10 +60,16 @@ PDF_TIMEOUT_S = 600
 def nccl_rules_by_default():
     """Every launch of the tests runs under NCCL's rules on gloo (PPBOOK_NCCL_RULES=1,
     ppbook.nccl_rules) unless the variable is set already: a script that races or hangs only on
-    NCCL fails its --check here. Set when the first test starts, after the book build has started
-    (at collection's end): the pages show gloo as it is, and appendix A3 runs the mode itself."""
+    NCCL fails its --check here. Set when the first test starts; the book build does not get it
+    (:data:`BUILD_ENV`): the pages show gloo as it is, and appendix A3 runs the mode itself."""
     os.environ.setdefault("PPBOOK_NCCL_RULES", "1")
     yield
+
+
+#: The environment the session started with, which the book build gets whenever it starts (under
+#: ``pytest -n N``, in the middle of a worker's first test): not the NCCL rules set above, not the
+#: name of the test that happened to start it.
+BUILD_ENV = dict(os.environ)
 
 
 def missing_tool(name: str, hint: str = "run tools/ensure_chromium.sh") -> None:
@@ -66,13 +86,61 @@ def _uses_book(item) -> bool:
 
 @pytest.hookimpl(trylast=True)  # after -m / -k have deselected: these are the tests that will run
 def pytest_collection_modifyitems(config, items):
-    """Tests that use the built book run last, so the build (started in the background when
-    collection ends) overlaps every other test instead of stalling the session; the first of
-    them waits for what is left of the build, so each gets room for the whole build."""
+    """In one process: the tests that use the built book run last, so the build (started in the
+    background when collection ends) overlaps every other test instead of stalling the session;
+    the first of them waits for what is left of the build, so each gets room for the whole build.
+    Under ``pytest -n N`` they go first (:func:`order_for_workers`)."""
     book = [item for item in items if _uses_book(item)]
-    items[:] = [item for item in items if not _uses_book(item)] + book
+    if _worker(config):
+        order_for_workers(items)
+    else:
+        items[:] = [item for item in items if not _uses_book(item)] + book
     for item in book:
         item.add_marker(pytest.mark.timeout(BOOK_BUILD_TIMEOUT_S + 600))
+
+
+#: Under ``pytest -n N``: the folder (named by this variable) where the workers write which tests
+#: read the built book, for the controller's scheduler (:func:`pytest_xdist_make_scheduler`)
+SHARED_ENV = "PPBOOK_TEST_SHARED"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """pytest-xdist's scheduler, handing out work a unit at a time: every test that reads the built
+    book is one unit (so one worker builds it), every other test file one unit (its fixtures, such
+    as the planner page in a browser, set up once), in the workers' order (:func:`order_for_workers`).
+    xdist's own ``--dist loadgroup`` cannot say this under pytest 9 (it renames ``item._nodeid``,
+    which pytest 9 no longer reads)."""
+    import json
+
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByFileAndBook(LoadScopeScheduling):
+        book: set[str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self.book is None:
+                self.book = set(json.loads((Path(os.environ[SHARED_ENV]) / "book.json").read_text()))
+            return "book" if nodeid in self.book else nodeid.split("::", 1)[0]
+
+    return ByFileAndBook(config, log)
+
+
+def order_for_workers(items) -> None:
+    """Under ``pytest -n N`` (``make test``): the tests that use the built book are one unit of work
+    (:func:`pytest_xdist_make_scheduler`), handed out first, so that one worker starts the build
+    at once (the first of them starts it) and waits for it while the others run every other test;
+    the rest go out a test file at a time (a file's fixtures, such as the planner page in a
+    browser, are set up once), the files with the most launches first, so that the last to finish
+    are short."""
+    book = [item for item in items if _uses_book(item)]
+    rest = [item for item in items if not _uses_book(item)]
+    weight: dict[str, float] = {}
+    for item in rest:
+        weight[item.nodeid.split("::")[0]] = weight.get(item.nodeid.split("::")[0], 0.0) + (
+            1.0 if item.get_closest_marker("torchrun") else 0.05)
+    rest.sort(key=lambda item: -weight[item.nodeid.split("::")[0]])  # stable: a file's order kept
+    items[:] = book + rest
 
 
 class BookBuild:
@@ -90,7 +158,13 @@ class BookBuild:
         self.stopped = False
         cmd = [sys.executable, str(ROOT / "tools" / "build_book.py"), "--path-output", str(self.out)]
         with open(self.log, "w") as log:
-            self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+            env = {**BUILD_ENV, **{k: v for k, v in os.environ.items() if k.startswith("PPBOOK_")}}
+            env.pop("PYTEST_CURRENT_TEST", None)
+            if "PPBOOK_NCCL_RULES" in BUILD_ENV:
+                env["PPBOOK_NCCL_RULES"] = BUILD_ENV["PPBOOK_NCCL_RULES"]
+            else:
+                env.pop("PPBOOK_NCCL_RULES", None)
+            self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                                          start_new_session=True)
         self.started = time.monotonic()
         self.deadline = self.started + BOOK_BUILD_TIMEOUT_S
@@ -152,6 +226,11 @@ class BookBuild:
         assert self.pdf_proc.returncode == 0, f"make pdf failed (exit {self.pdf_proc.returncode}):\n{text[-6000:]}"
         return self.pdf_out / "_build" / "pdf"
 
+    def summary(self) -> str:
+        waited = f"; the tests that read it waited {self.waited:.0f} s for it" if self.waited is not None else ""
+        return (f"book build: {self.ended - self.started:.0f} s from its start (exit {self.proc.returncode})"
+                f"{waited}")
+
     def stop(self) -> None:
         from ppbook import launch
 
@@ -163,36 +242,70 @@ class BookBuild:
 
 
 BOOK_KEY = pytest.StashKey[BookBuild]()
+BUILD_LINE_KEY = pytest.StashKey[str]()
 
 
-ZYGOTE_KEY = pytest.StashKey[subprocess.Popen]()
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """pytest-xdist: a worker ended; the one that built the book says how long it took."""
+    line = getattr(node, "workeroutput", {}).get("ppbook_book_build")
+    if line:
+        node.config.stash[BUILD_LINE_KEY] = line
+
+
+ZYGOTE_KEY = pytest.StashKey[list]()
 
 
 def pytest_collection_finish(session):
+    if _worker(session.config) and os.environ.get(SHARED_ENV):  # for the scheduler (every worker collects the same)
+        import json
+
+        book = Path(os.environ[SHARED_ENV]) / "book.json"
+        temp = book.with_name(f"book-{os.getpid()}.json")
+        temp.write_text(json.dumps([item.nodeid for item in session.items if _uses_book(item)]))
+        temp.replace(book)
     if session.config.option.collectonly:
         return
+    from ppbook_tools import zygote
+
+    launches = any(_uses_book(item) or item.get_closest_marker("torchrun") for item in session.items)
+    if launches and not os.environ.get(zygote.ENV):
+        start_servers(session.config)
+    elif os.environ.get(zygote.ENV):
+        zygote.plug_in()  # a server of the process that started this session (a build's, a test's)
+    if any(_uses_book(item) for item in session.items) and not _worker(session.config):
+        session.config.stash[BOOK_KEY] = BookBuild(session.config, pdf=_wants_pdf(session))
+    # (a worker of pytest -n N starts the build when the first test that reads it runs: the group of
+    # those tests is handed out first)
+
+
+def _wants_pdf(session) -> bool:
+    return any("built_pdf" in getattr(item, "fixturenames", ()) for item in session.items)
+
+
+def start_servers(config) -> None:
+    """One launch server for the session, the book build's pages included: the tests' launches fork
+    their ranks from it instead of importing torch in three fresh processes each (ppbook_tools.zygote).
+    And one server of pages' kernels (ppbook_tools.kernel) for every build the session runs, the
+    book's and the one-page books of tests/test_book.py, which would each start their own. Under
+    ``pytest -n N`` the process that starts the workers starts both, and every worker uses them."""
     from ppbook import launch
     from ppbook_tools import zygote
 
-    # One launch server for the session, the book build's pages included: the tests' launches fork
-    # their ranks from it instead of importing torch in three fresh processes each (ppbook_tools.zygote).
-    launches = any(_uses_book(item) or item.get_closest_marker("torchrun") for item in session.items)
-    if launches and os.environ.get(zygote.FORCE_TORCHRUN) != "torchrun" and not os.environ.get(zygote.ENV):
-        log = session.config._tmp_path_factory.mktemp("zygote") / "zygote.log"
-        session.config.stash[ZYGOTE_KEY] = zygote.start(launch.child_env(), log=log)
-    elif os.environ.get(zygote.ENV):
-        zygote.plug_in()  # a server of the process that started this session (a build's, a test's)
-    if any(_uses_book(item) for item in session.items):
-        pdf = any("built_pdf" in getattr(item, "fixturenames", ()) for item in session.items)
-        session.config.stash[BOOK_KEY] = BookBuild(session.config, pdf=pdf)
+    if os.environ.get(zygote.FORCE_TORCHRUN) == "torchrun":
+        return
+    logs = config._tmp_path_factory.mktemp("zygote")
+    config.stash[ZYGOTE_KEY] = [zygote.start(launch.child_env(), log=logs / "zygote.log"),
+                                zygote.start(dict(os.environ), log=logs / "kernels.log", kernels=True)]
 
 
 def pytest_sessionfinish(session):
     build = session.config.stash.get(BOOK_KEY, None)
     if build is not None:
         build.stop()  # a session cut short (-x, Ctrl-C) leaves no build running
-    server = session.config.stash.get(ZYGOTE_KEY, None)
-    if server is not None:
+        if _worker(session.config) and build.ended is not None:  # for the summary the controller prints
+            session.config.workeroutput["ppbook_book_build"] = build.summary()
+    for server in session.config.stash.get(ZYGOTE_KEY, []):
         from ppbook_tools import zygote
 
         zygote.stop(server)
@@ -201,10 +314,9 @@ def pytest_sessionfinish(session):
 def pytest_terminal_summary(terminalreporter, config):
     """Where the session's time went around the book build, for the CI log."""
     build = config.stash.get(BOOK_KEY, None)
-    if build is not None and build.ended is not None:
-        waited = f"; the tests that read it waited {build.waited:.0f} s for it" if build.waited is not None else ""
-        terminalreporter.write_line(f"book build: {build.ended - build.started:.0f} s from the end of collection"
-                                    f" (exit {build.proc.returncode}){waited}")
+    line = build.summary() if build is not None and build.ended is not None else config.stash.get(BUILD_LINE_KEY, None)
+    if line:
+        terminalreporter.write_line(line)
     # The machine is CPU-bound through the suite: this, over the cores, is the floor of its wall time.
     import resource
 
@@ -237,8 +349,14 @@ def built_book(request) -> Path:
     change in scripts/ or src/; building into a fresh output folder guarantees a cold cache.
     """
     build = request.config.stash.get(BOOK_KEY, None)
-    if build is None:  # the fixture was reached without collection starting the build
-        build = request.config.stash[BOOK_KEY] = BookBuild(request.config)
+    if build is None:  # a worker of pytest -n N, or a session whose collection did not start it
+        if _worker(request.config) and os.environ.get(SHARED_ENV):
+            try:  # one build per session: the scheduler hands every test that reads it to one worker
+                (Path(os.environ[SHARED_ENV]) / "book-build").open("x").write(request.config.workerinput["workerid"])
+            except FileExistsError:
+                pytest.fail("another worker builds the book already: the scheduler split the tests that read it "
+                            "(tests/conftest.py, pytest_xdist_make_scheduler)")
+        build = request.config.stash[BOOK_KEY] = BookBuild(request.config, pdf=_wants_pdf(request.session))
     return build.wait()
 
 
