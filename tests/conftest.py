@@ -56,6 +56,19 @@ BOOK_BUILD_TIMEOUT_S = 3000
 PDF_TIMEOUT_S = 600
 
 
+#: Under ``pytest -n N``, the niceness of a worker once it runs a test that does not read the book:
+#: the book build is the session's longest task, and the tests beside it take what it leaves.
+WORKER_NICE = 10
+
+
+def pytest_runtest_setup(item):
+    """A worker of ``pytest -n N`` yields the CPU to the book build (which its worker started at
+    the default priority) from its first test that does not read the book; its launches, forked
+    by the launch server, run at its priority too (ppbook_tools.zygote)."""
+    if _worker(item.config) and not _uses_book(item) and os.nice(0) < WORKER_NICE:
+        os.nice(WORKER_NICE - os.nice(0))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def nccl_rules_by_default():
     """Every launch of the tests runs under NCCL's rules on gloo (PPBOOK_NCCL_RULES=1,

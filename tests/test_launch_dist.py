@@ -299,6 +299,27 @@ def test_a_launch_whose_caller_is_killed_leaves_no_process_behind(tmp_path, serv
             caller.kill()
 
 
+@pytest.mark.torchrun
+def test_a_forked_launch_runs_at_its_callers_priority(tmp_path, server):
+    """A process started by its caller would inherit its niceness; a forked one gets it from the
+    server's handler (make test's workers run nicer than the book build they leave the CPU to)."""
+    import json
+    import subprocess
+    import sys
+
+    script = write(tmp_path, """
+        import json, os, sys
+        json.dump(os.nice(0), open(sys.argv[1], "w"))
+    """)
+    out = tmp_path / "nice.json"
+    code = ("import os, sys; from pathlib import Path; from ppbook import launch; from ppbook_tools import zygote; "
+            "os.nice(max(0, 7 - os.nice(0))); "
+            "r = zygote.run(Path(sys.argv[1]), [sys.argv[2]], None, Path.cwd(), launch.child_env(), 60); "
+            "sys.exit('the server did not take the launch' if r is None else r[0])")
+    subprocess.run([sys.executable, "-c", code, str(script), str(out)], check=True, timeout=120)
+    assert json.loads(out.read_text()) == max(7, os.nice(0))
+
+
 # ------------------------------------------------------------------ pages' kernels forked from a server
 
 KERNEL_PROBE = """

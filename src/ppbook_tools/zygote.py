@@ -150,6 +150,7 @@ def _run(request: dict, timeout: float, variable: str = ENV,
     deadline = time.monotonic() + timeout
     interrupt = signal.getsignal(signal.SIGINT)
     try:
+        request = {**request, "nice": os.nice(0)}  # the launch runs at its caller's priority
         socket.send_fds(sock, [json.dumps(request).encode()], [write_end])
         os.close(write_end)
         write_end = None
@@ -309,6 +310,8 @@ def _handle(conn: socket.socket, server_env: dict, own: list[str], must_match: t
               f"{', '.join(differ)}", flush=True)
         return
     conn.send(json.dumps({"pid": os.getpid()}).encode())
+    if request.get("nice", 0) > os.nice(0):  # as a process the caller started would (never less nice: not allowed)
+        os.nice(request["nice"] - os.nice(0))
     t0 = time.perf_counter()
     nproc = request["nproc"]
     request["run_id"] = uuid.uuid4().hex  # one for the job, as torchrun's
