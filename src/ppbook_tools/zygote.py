@@ -384,6 +384,15 @@ def _hung_up(conn: socket.socket) -> bool:
         return True
 
 
+def group_nice(nice: int) -> None:
+    """Give this process's session the niceness ``nice`` where Linux's autogroup scheduling is on
+    (``/proc/sys/kernel/sched_autogroup_enabled``): there the CPU is shared between sessions first,
+    whatever each process's own niceness, and a new session starts at 0. Only ever nicer."""
+    if nice > 0:
+        with contextlib.suppress(OSError):
+            Path("/proc/self/autogroup").write_text(str(nice))
+
+
 def _signal(pids: set[int], sig: int) -> None:
     for p in pids:
         with contextlib.suppress(ProcessLookupError):
@@ -401,6 +410,7 @@ def _rank(request: dict, rank: int, output: int, port_read: int) -> None:
         os.dup2(output, 2)
         os.close(output)
         os.setsid()  # torchrun starts each rank in a session of its own too
+        group_nice(request.get("nice", 0))
         os.chdir(request["cwd"])
         env = dict(request["env"])
         nproc = request["nproc"]
