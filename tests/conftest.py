@@ -64,15 +64,11 @@ WORKER_NICE = 10
 def pytest_runtest_setup(item):
     """A worker of ``pytest -n N`` yields the CPU to the book build (which its worker started at
     the default priority, in a session of its own) from its first test that does not read the
-    book; its launches, forked by the launch server, run at its priority too (ppbook_tools.zygote).
-    Where Linux shares the CPU between sessions first (autogroup), the session's niceness is raised
-    as well: the workers share one session, so the book's worker goes nicer with the others once
-    the build is over."""
+    book; its launches, forked by the launch server, run at its priority too, in sessions of their
+    own as nice (ppbook_tools.zygote.group_nice). The workers' own session is left as it is: it is
+    the terminal's, and a session is never made less nice again."""
     if _worker(item.config) and not _uses_book(item) and os.nice(0) < WORKER_NICE:
-        from ppbook_tools import zygote
-
         os.nice(WORKER_NICE - os.nice(0))
-        zygote.group_nice(WORKER_NICE)  # the workers' session too, where Linux shares the CPU by session
 
 
 @pytest.fixture(scope="session", autouse=True)
