@@ -107,13 +107,24 @@ def _outputs(notebook: Path) -> list[str]:
     return [o["text"] for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "stream"]
 
 
-def test_a_failing_cell_fails_the_build(tmp_path):
-    ok = _mini_book(tmp_path / "ok", "x = 1 / 1\nprint(x)") if (tmp_path / "ok").mkdir() is None else None
+PUBLISHED = "https://github.com/someone/pp-book"
+
+
+@pytest.fixture(scope="module")
+def published_ok(tmp_path_factory) -> Path:
+    """One one-page book that builds, published (``ppbook_repository`` set): the folder. Both tests
+    below read it (each of these builds costs a Sphinx start and a kernel)."""
+    folder = tmp_path_factory.mktemp("ok")
+    ok = _mini_book(folder, "x = 1 / 1\nprint(x)", repository=PUBLISHED)
     assert ok.returncode == 0, ok.stdout[-3000:] + ok.stderr[-3000:]
-    assert set(page_times.page_seconds(tmp_path / "ok" / "_build" / "html")) == {"page"}  # the budget test's report
-    executed = tmp_path / "ok" / "_build" / "jupyter_execute" / "book" / "page.ipynb"
+    return folder
+
+
+def test_a_failing_cell_fails_the_build(tmp_path, published_ok):
+    assert set(page_times.page_seconds(published_ok / "_build" / "html")) == {"page"}  # the budget test's report
+    executed = published_ok / "_build" / "jupyter_execute" / "book" / "page.ipynb"
     assert _outputs(executed) == ["1.0\n"]  # what make_notebooks turns into the download copy
-    again = _mini_book(tmp_path / "ok", "x = 1 / 1\nprint(x)", keep_cache=True)  # make book-cached
+    again = _mini_book(published_ok, "x = 1 / 1\nprint(x)", keep_cache=True, repository=PUBLISHED)  # make book-cached
     assert again.returncode == 0 and "Executed notebook" not in again.stdout, again.stdout[-3000:]
     assert _outputs(executed) == ["1.0\n"]  # from the cache, which myst-nb would write without outputs
     bad = _mini_book(tmp_path / "bad", "x = 1 / 0") if (tmp_path / "bad").mkdir() is None else None
@@ -121,15 +132,12 @@ def test_a_failing_cell_fails_the_build(tmp_path):
     assert "ZeroDivisionError" in bad.stdout + bad.stderr
 
 
-def test_a_published_build_has_repository_and_launch_buttons_and_a_bad_address_is_one_line(tmp_path):
+def test_a_published_build_has_repository_and_launch_buttons_and_a_bad_address_is_one_line(tmp_path, published_ok):
     """The full build (main's _config.yml) names no repository and has no repository or launch
     button (tests/test_notebooks.py); with the one setting filled in, a page has them all, the
     launch buttons opening the generated notebook; a malformed address fails the build in one line."""
-    (tmp_path / "ok").mkdir()
-    url = "https://github.com/someone/pp-book"
-    ok = _mini_book(tmp_path / "ok", "print(1)", repository=url)
-    assert ok.returncode == 0, ok.stdout[-3000:] + ok.stderr[-3000:]
-    html = (tmp_path / "ok" / "_build" / "html" / "book" / "page.html").read_text()
+    url = PUBLISHED
+    html = (published_ok / "_build" / "html" / "book" / "page.html").read_text()
     for button in ("repository", "issues", "edit"):
         assert f"btn-source-{button}-button" in html, button
     assert f'href="{url}"' in html and f"{url}/edit/main/book/page.md" in html and f"{url}/issues/new" in html
