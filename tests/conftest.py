@@ -193,8 +193,10 @@ class BookBuild:
             with self.lock:
                 if self.pdf_out is not None and self.proc.returncode == 0 and not self.stopped \
                         and make_pdf.chromium_path() is not None:
-                    cache = self.out / "_build" / ".jupyter_cache"
-                    shutil.copytree(cache, self.pdf_out / "_build" / ".jupyter_cache")
+                    # the execution cache and Sphinx's pickled environment, as `make pdf` finds them
+                    # after `make book`: the singlehtml build then reads no page again, and writes
+                    for kept in (".jupyter_cache", ".doctrees"):
+                        shutil.copytree(self.out / "_build" / kept, self.pdf_out / "_build" / kept)
                     with open(self.pdf_out / "pdf.log", "w") as log:
                         self.pdf_proc = subprocess.Popen(
                             [sys.executable, str(ROOT / "tools" / "make_pdf.py"), "--path-output", str(self.pdf_out)],

@@ -113,7 +113,9 @@ def write_executed(root: Path, build: Path) -> None:
     cache = get_cache(str(build / ".jupyter_cache"))
     for page in notebook_pages(root):
         _, notebook = cache.merge_match_into_notebook(read_page(page))
-        nbformat.write(notebook, build / "jupyter_execute" / page.relative_to(root).with_suffix(".ipynb"))
+        out = build / "jupyter_execute" / page.relative_to(root).with_suffix(".ipynb")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        nbformat.write(notebook, out)
 
 
 def execute_pages(root: Path, cache_dir: Path, jobs: int) -> int:
