@@ -87,12 +87,15 @@ def test_without_a_repository_the_install_cell_asks_for_a_local_clone(tmp_path):
 
 @pytest.mark.slow
 def test_a_generated_notebook_runs_outside_the_repository_from_its_install_cell(tmp_path, monkeypatch):
-    """Chapter 0 (no torchrun launch, about a minute) in a fresh kernel, in a temporary folder
-    outside the clone, with nothing set up but what its first cell does: PPBOOK_SOURCE makes
-    it copy this checkout instead of downloading, and install with pip --no-index."""
+    """Chapter 11 in a fresh kernel, in a temporary folder outside the clone, with nothing set up
+    but what its first cell does: PPBOOK_SOURCE makes it copy this checkout instead of
+    downloading, and install with pip --no-index. The chapter launches nothing (a launch from the
+    copy's PYTHONPATH would start fresh processes, not forked ones) but reads what a copy must
+    carry besides ``ppbook``: the GPU records under ``data/``, the harness in ``tools/`` and a
+    script in ``scripts/``; in a few seconds, where chapter 0's planner took half a minute."""
     from nbclient import NotebookClient
 
-    notebook = mn.readable_notebook(ROOT / "book" / "00_intro.md", glue=AnyGlue())
+    notebook = mn.readable_notebook(ROOT / "book" / "11_on_real_gpus.md", glue=AnyGlue())
     notebook.cells.append(nbformat.v4.new_code_cell(
         "import pathlib, ppbook\n"
         "copy = pathlib.Path.cwd().parent\n"  # the install cell works from <tmp>/<repository>/book
