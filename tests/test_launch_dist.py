@@ -396,15 +396,17 @@ def test_an_interrupt_reaches_a_forked_kernel(tmp_path, kernel_server):
         kc.start_channels()
         try:
             await kc.wait_for_ready(timeout=120)
-            kc.execute("import sys; print('torch' in sys.modules, flush=True); import time; time.sleep(120)")
+            sent = kc.execute("import sys; print('torch' in sys.modules, flush=True); import time; time.sleep(120)")
             while True:  # the cell has started when its output arrives
                 msg = await kc.get_iopub_msg(timeout=60)
                 if msg["msg_type"] == "stream":
                     assert msg["content"]["text"].strip() == "True"  # forked: torch loaded already
                     break
             await km.interrupt_kernel()
-            reply = await kc.get_shell_msg(timeout=60)
-            return reply["content"].get("ename", reply["content"]["status"])
+            while True:  # the cell's reply: wait_for_ready's kernel_info replies may come first on a busy machine
+                reply = await kc.get_shell_msg(timeout=60)
+                if reply["parent_header"].get("msg_id") == sent:
+                    return reply["content"].get("ename", reply["content"]["status"])
         finally:
             kc.stop_channels()
             await km.shutdown_kernel(now=True)
