@@ -381,7 +381,8 @@ def built_book(request) -> Path:
 def built_pdf(built_book, request) -> Path:
     """``make pdf`` of the session's build (its ``_build/pdf`` folder). It runs in the background
     from the moment the build ends, beside the tests that read the HTML, instead of after them:
-    the singlehtml build and chromium's printing take about 35 s, mostly waiting."""
+    the singlehtml build (from the HTML build's parsed pages) and chromium's printing take about a
+    minute of CPU."""
     return request.config.stash[BOOK_KEY].wait_pdf()
 
 

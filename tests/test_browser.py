@@ -31,16 +31,21 @@ HARMLESS = (
 
 @pytest.fixture(scope="module")
 def site(built_book, chromium):
+    """The built site over HTTP, and one browser context whose tabs visit it: a reader's browser,
+    which keeps the theme's scripts and fonts in its cache from one page to the next (a context per
+    page loaded and compiled them again, about 10 CPU-s over the walk through every page)."""
     handler = functools.partial(Quiet, directory=str(built_book))
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield chromium, f"http://127.0.0.1:{httpd.server_address[1]}", built_book
+    context = chromium.new_context(viewport={"width": 1280, "height": 900})
+    yield context, f"http://127.0.0.1:{httpd.server_address[1]}", built_book
+    context.close()
     httpd.shutdown()
 
 
 def visit(site, rel: str):
-    browser, base, _ = site
-    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    context, base, _ = site
+    page = context.new_page()
     errors, missing = [], []
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
     page.on("pageerror", lambda e: errors.append(str(e)))
