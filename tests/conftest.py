@@ -146,14 +146,16 @@ def order_for_workers(items) -> None:
     (:func:`pytest_xdist_make_scheduler`), handed out first, so that one worker starts the build
     at once (the first of them starts it) and waits for it while the others run every other test;
     the rest go out a test file at a time (a file's fixtures, such as the planner page in a
-    browser, are set up once), the files with the most launches first, so that the last to finish
-    are short."""
+    browser, are set up once), the files with the most launches and browser sessions first, so
+    that the last to finish are short (the planner's parity tests in chromium, about 85 CPU-s,
+    finished the session alone while they counted as a file of quick tests)."""
     book = [item for item in items if _uses_book(item)]
     rest = [item for item in items if not _uses_book(item)]
     weight: dict[str, float] = {}
     for item in rest:
-        weight[item.nodeid.split("::")[0]] = weight.get(item.nodeid.split("::")[0], 0.0) + (
-            1.0 if item.get_closest_marker("torchrun") else 0.05)
+        heavy = item.get_closest_marker("torchrun") or item.get_closest_marker("slow") \
+            or "chromium" in getattr(item, "fixturenames", ())
+        weight[item.nodeid.split("::")[0]] = weight.get(item.nodeid.split("::")[0], 0.0) + (1.0 if heavy else 0.01)
     rest.sort(key=lambda item: -weight[item.nodeid.split("::")[0]])  # stable: a file's order kept
     items[:] = book + rest
 
