@@ -53,9 +53,10 @@ def uv_command(args: list[str], config: dict[str, list[str]]) -> list[str]:
     caller names itself (``--index-url``) replaces pip's."""
     from uv import find_uv_bin
 
-    # Not compiled now (pip compiles all 18,000 files: 54 CPU-s, 29 s of a 40 s install): the
-    # Makefile lets Python write the bytecode of what is imported, once, where PYTHONDONTWRITEBYTECODE
-    # would have every process compile its modules again (a rank: 11 CPU-s instead of 4.5 for torch).
+    # No bytecode compiled now (all 18,000 files, as pip does: 54 CPU-s, 29 s of a 40 s install).
+    # The Makefile lets Python write the bytecode of what is imported, once, where
+    # PYTHONDONTWRITEBYTECODE would have every process compile its modules again (a rank: 11 CPU-s
+    # instead of 4.5 for torch).
     # Every index's versions weighed together, as pip does (uv's default takes a package's versions
     # from the first index that has any).
     cmd = [find_uv_bin(), "pip", "install", "--index-strategy", "unsafe-best-match",
