@@ -44,9 +44,10 @@ def test_pdf_reuses_the_executed_cache(built_pdf):
 
 
 def test_pdf_leaves_the_executed_notebooks_their_outputs(built_pdf):
-    """The singlehtml build takes every page from the cache, and myst-nb then writes
-    ``jupyter_execute/`` without outputs; ``make_pdf`` writes them back, or a later
-    ``make notebooks`` would find no glued values and the download copies no outputs."""
+    """A singlehtml build that reads the pages again takes them from the cache, and myst-nb then
+    writes ``jupyter_execute/`` without outputs; ``make_pdf`` writes them from the cache whether or
+    not it read them, or a later ``make notebooks`` would find no glued values and the download
+    copies no outputs."""
     import nbformat
 
     executed = [nbformat.read(p, as_version=4) for p in sorted((built_pdf.parent / "jupyter_execute" / "book").glob("*.ipynb"))]

@@ -97,8 +97,9 @@ def build_singlehtml(root: Path, path_output: Path | None) -> Path:
     log.write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
         raise RuntimeError(f"the singlehtml build failed (exit {proc.returncode}):\n{(proc.stdout + proc.stderr)[-4000:]}")
-    # myst-nb, taking every page from the cache, has just written _build/jupyter_execute/ again
-    # without outputs; `make notebooks` reads glued values from there, so write them back
+    # where Sphinx read the pages again (no HTML build's parsed pages to start from), myst-nb has
+    # written _build/jupyter_execute/ without outputs; `make notebooks` reads glued values from
+    # there, so write them (again) from the execution cache
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from build_book import write_executed
 
