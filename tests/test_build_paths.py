@@ -32,35 +32,39 @@ def test_hide_writes_each_prefix_as_a_reader_would():
     assert machine_paths.found(machine_paths.hide(text, FAKE), FAKE) == []
 
 
-# what chapters 4, 6 and 7 showed (issue 50): a checkpoint folder made by tempfile, with its random
-# characters; a tokenizer in tempfile's unnamed folder; the file IPython ran a cell from
-TEMP = ("saved /tmp/ppbook-ch7-cy1ucgd3/crash/step-000002 (newest 2 kept)\n"
+# what pages showed (issue 50): a folder made by tempfile, with its random characters (appendix A3's
+# flight records, and chapters 6 and 7 before they worked under _build); a tokenizer in tempfile's
+# unnamed folder; the file IPython ran a cell from
+TEMP = ("wrote /tmp/flight-cy1ucgd3/rank1.json\n"
         "$ python scripts/06_train.py --tokenizer-file /tmp/tmp/tokenizers/bpe-300-da97d5d81942ee1a.json\n"
         "# File: /tmp/ipykernel_16744/1972254578.py:8 in forward\n"
-        "--save-dir /tmp/ppbook-ch7/p2 /var/tmp/x ~/tmp/y /tmp/pytest-of-ann/pytest-3/book0/_build/html/a.html")
+        "--dump-dir /tmp/flight /var/tmp/x ~/tmp/y /tmp/pytest-of-ann/pytest-3/book0/_build/html/a.html\n"
+        "saved /tmp/ppbook-ch7/p2/step-000003")
 
 
-NAMED = {"ppbook-ch6", "ppbook-ch7"}  # the folders pages named with tempfile's prefix=
+NAMED = {"flight"}  # the folder a page names with tempfile's prefix= (a3_troubleshooting.md)
 
 
 def test_temp_paths_finds_the_builds_temporary_folders():
-    assert machine_paths.temp_paths(TEMP, NAMED) == ["/tmp/ppbook-ch7-cy1ucgd3", "/tmp/tmp", "/tmp/ipykernel_16744",
-                                                     "/tmp/pytest-of-ann"]
-    assert machine_paths.temp_paths("--save-dir /tmp/ppbook-ch7/p2 and /tmp/ppbook-ch6/tokenizers/x.json", NAMED) == []
+    assert machine_paths.temp_paths(TEMP, NAMED) == ["/tmp/flight-cy1ucgd3", "/tmp/tmp", "/tmp/ipykernel_16744",
+                                                     "/tmp/pytest-of-ann", "/tmp/ppbook-ch7"]
+    assert machine_paths.temp_paths("--dump-dir /tmp/flight and /tmp/flight/rank0.json", NAMED) == []
     # as a notebook's JSON and a page's HTML write them
-    assert machine_paths.temp_paths('"# shown as /tmp/ppbook-ch6\\n", &quot;/tmp/ppbook-ch7&quot;', NAMED) == []
+    assert machine_paths.temp_paths('"# shown as /tmp/flight\\n", &quot;/tmp/flight&quot;', NAMED) == []
 
 
 def test_the_pages_name_their_temporary_folders():
     names = machine_paths.page_temp_names()
     assert NAMED <= names and "tmp" not in names and not any(n.endswith("-") for n in names), names
+    # chapters 6 and 7 work under _build, and name it from the repository root as their commands do
+    assert not names & {"ppbook-ch6", "ppbook-ch7"}, names
 
 
 def test_hide_names_a_temporary_folder_by_its_prefix_as_the_printed_commands_do():
     shown = machine_paths.hide(TEMP, FAKE)
-    assert "saved /tmp/ppbook-ch7/crash/step-000002" in shown and "# File: <notebook cell>:8 in forward" in shown
+    assert "wrote /tmp/flight/rank1.json" in shown and "# File: <notebook cell>:8 in forward" in shown
     # a folder without a name of the page's own stays, for temp_paths to report
-    assert machine_paths.temp_paths(shown, NAMED) == ["/tmp/tmp", "/tmp/pytest-of-ann"]
+    assert machine_paths.temp_paths(shown, NAMED) == ["/tmp/tmp", "/tmp/pytest-of-ann", "/tmp/ppbook-ch7"]
 
 
 def test_this_machines_paths_are_known_and_never_the_root_folder():
@@ -139,5 +143,18 @@ def test_no_built_page_shows_a_path_of_the_build_machine(built_book):
         hits = machine_paths.found(text, paths) + machine_paths.temp_paths(text)
         if hits:
             bad[str(page.relative_to(built_book))] = hits
-    assert not bad, (f"pages showing the build machine's paths (tools/machine_paths.py hides them; name a "
-                     f"temporary folder with tempfile's prefix='ppbook-<page>-'): {bad}")
+    assert not bad, (f"pages showing the build machine's paths (tools/machine_paths.py hides them; write a page's "
+                     f"files under _build, named from the repository root as chapters 6 and 7 do): {bad}")
+
+
+@pytest.mark.book
+@pytest.mark.parametrize("page", ["06_training", "07_checkpointing"])
+def test_the_pages_that_write_files_show_no_temporary_folder(built_book, page):
+    """Chapter 6's tokenizer and chapter 7's checkpoints and Hugging Face folders live under
+    ``_build/ch6`` and ``_build/ch7``, named from the repository root, where the scripts run and
+    the printed commands are typed: no path under the temporary folder, not even one a page named."""
+    executed = built_book.parent / "jupyter_execute" / "book" / f"{page}.ipynb"  # build_book.write_executed's
+    for shown in (built_book / "book" / f"{page}.html", executed):
+        text = shown.read_text("utf8")
+        assert not machine_paths.temp_paths(text, named=set()), machine_paths.temp_paths(text, named=set())
+        assert f"_build/ch{page[1]}/" in text, shown

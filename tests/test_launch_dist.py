@@ -240,13 +240,13 @@ def test_reader_command_drops_the_launchers_json_and_machine_paths(tmp_path):
 
     root = "/home/someone/book"
     mine = f"{tempfile.gettempdir()}/ppbook-k2j3x9_q/result.json"
-    saves = f"{tempfile.gettempdir()}/ppbook-ch7-ab12cd34/p2"
+    dumps = f"{tempfile.gettempdir()}/flight-ab12cd34"
     r = launch.RunResult([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                          "scripts/03_gpipe.py", "--microbatches", "4", "--save-dir", saves,
+                          "scripts/03_gpipe.py", "--microbatches", "4", "--dump-dir", dumps,
                           "--config", f"{root}/data/x.json", "--json", mine],
                          0, "", 0.0, json_path=mine, env={"PPBOOK_NCCL_RULES": "1"}, root=root)
     assert r.reader_command == ("PPBOOK_NCCL_RULES=1 torchrun --standalone --nproc-per-node 2 scripts/03_gpipe.py "
-                                "--microbatches 4 --save-dir /tmp/ppbook-ch7/p2 --config data/x.json")
+                                "--microbatches 4 --dump-dir /tmp/flight --config data/x.json")
     # a --json the reader asked for stays; so does every path outside the repository and the temporary folder
     own = launch.RunResult([sys.executable, "scripts/x.py", "--json", "/data/out.json"], 0, "", 0.0)
     assert own.reader_command == "python scripts/x.py --json /data/out.json"
