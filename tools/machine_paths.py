@@ -6,11 +6,14 @@ reader and differ on every machine. The build (``build_book.execute``, which ``r
 too) passes every executed notebook's outputs through :func:`hide_in_notebook`, which writes each
 such prefix as a reader would: ``site-packages/torch/...`` for an installed package,
 ``lib/python3.11/...`` for the standard library, ``src/ppbook/...`` for a file of the repository,
-``~`` for the home directory. Under the temporary folder, a folder a page made with ``tempfile``
-is named by its prefix, as the commands the pages print name it (``/tmp/ppbook-ch7-x1y2z3w4/p2``
--> ``/tmp/ppbook-ch7/p2``, :func:`ppbook.launch.temp_folder_name`), and the file IPython runs a
-cell from (``/tmp/ipykernel_123/456.py``) is ``<notebook cell>``. Any other path under the
-temporary folder that no page named is the build's own (:func:`temp_paths` finds them). Code cells are left alone
+``~`` for the home directory. Chapters 6 and 7 write their files under ``_build`` and name them
+from the repository root, as their printed commands do (``--save-dir _build/ch7/p2``), so no
+temporary folder shows there. Under the temporary folder, a folder a page still makes with
+``tempfile`` is named by its prefix, as the commands the pages print name it
+(``/tmp/flight-x1y2z3w4`` -> ``/tmp/flight``, appendix A3's ``--dump-dir``,
+:func:`ppbook.launch.temp_folder_name`), and the file IPython runs a cell from
+(``/tmp/ipykernel_123/456.py``) is ``<notebook cell>``. Any other path under the temporary folder
+that no page named is the build's own (:func:`temp_paths` finds them). Code cells are left alone
 (the execution cache keys on them).
 
     python tools/machine_paths.py _build/html     # list the build paths left on built pages
@@ -70,7 +73,7 @@ def _hide_temp(text: str) -> str:
 
 def hide(text: str, paths: list[tuple[str, str]] | None = None) -> str:
     """``text`` with every machine path written as a reader would (``ROOT/src/x.py`` -> ``./src/x.py``,
-    ``/tmp/ppbook-ch7-x1y2z3w4/p2`` -> ``/tmp/ppbook-ch7/p2``)."""
+    ``/tmp/flight-x1y2z3w4/rank0.json`` -> ``/tmp/flight/rank0.json``)."""
     paths = machine_paths() if paths is None else paths
     if paths:
         shown = dict(paths)
@@ -80,7 +83,7 @@ def hide(text: str, paths: list[tuple[str, str]] | None = None) -> str:
 
 def page_temp_names(root: Path = ROOT) -> set[str]:
     """The names the pages give their temporary folders, as pages show them: each ``prefix=`` a page
-    of ``root/book`` passes to ``tempfile`` (``prefix="ppbook-ch7-"`` -> ``ppbook-ch7``)."""
+    of ``root/book`` passes to ``tempfile`` (``prefix="flight-"`` -> ``flight``)."""
     prefix = re.compile(r"""\bprefix=["']([\w.-]+)["']""")
     return {p.rstrip("-_") for page in (root / "book").glob("*.md") for p in prefix.findall(page.read_text())}
 

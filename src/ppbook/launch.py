@@ -98,7 +98,7 @@ class RunResult:
         """The command a reader types at the repository root, as chapters print it: ``shell_command``
         without the launcher's own ``--json`` path, the launch's variables in front
         (``PPBOOK_NCCL_RULES=1 torchrun ...``), paths inside the repository relative to it, and a
-        folder made by ``tempfile`` shown as ``/tmp/<its prefix>`` (``/tmp/ppbook-ch7/p2``), so that no
+        folder made by ``tempfile`` shown as ``/tmp/<its prefix>`` (``/tmp/flight``), so that no
         page shows a path of the machine that built it, e.g.
         ``torchrun --standalone --nproc-per-node 2 scripts/03_gpipe.py --microbatches 4``."""
         words = shlex.split(self.shell_command)
@@ -115,8 +115,8 @@ MKDTEMP_NAME = re.compile(r"(.*[-_]|tmp)[a-z0-9_]{8}")
 
 def temp_folder_name(name: str) -> str:
     """A folder directly under the temporary folder as a reader would name it: a folder made by
-    ``tempfile`` by its prefix, without the random characters (``ppbook-ch7-x1y2z3w4`` ->
-    ``ppbook-ch7``); any other name as it is."""
+    ``tempfile`` by its prefix, without the random characters (``flight-x1y2z3w4`` ->
+    ``flight``); any other name as it is."""
     made = MKDTEMP_NAME.fullmatch(name)
     return made[1].rstrip("-_") if made else name
 
