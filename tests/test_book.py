@@ -54,6 +54,14 @@ def test_full_build_is_clean_and_executes_every_chapter(built_book):
         assert (built_book / "_sources" / (f + ".ipynb")).is_file()
 
 
+def test_the_build_runs_an_identical_launch_once(built_book):
+    """Chapter 3 and the schedules' deeper page make the same launch; the build ran it once and
+    answered the second page with that run (ppbook_tools.zygote's memo, its own test in
+    tests/test_launch_dist.py)."""
+    log = (built_book.parents[1] / "build.log").read_text()
+    assert "answered from an identical earlier launch: 03_gpipe.py --check --microbatches 1 2 4 8" in log, log[-3000:]
+
+
 def test_every_page_records_its_execution_time(built_book):
     """The times that `make page-times` holds against the budget exist for every executed page.
     The budget itself is not asserted here: a test that fails on time fails on a loaded machine."""

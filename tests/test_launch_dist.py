@@ -214,6 +214,44 @@ def test_an_environment_torch_reads_at_import_runs_torchrun(tmp_path, server, mo
     assert server._differs({"TORCH_CPP_LOG_LEVEL": "ERROR", "OMP_NUM_THREADS": "3"}, {}) == ["TORCH_CPP_LOG_LEVEL"]
 
 
+PID_PROBE = """
+    import json, os, sys
+    args = sys.argv[1:]
+    print("pid", os.getpid(), flush=True)
+    if "--fail" in args:
+        sys.exit(3)
+    if "--json" in args and os.environ.get("RANK", "0") == "0":
+        json.dump({"pid": os.getpid(), "args": args[:-2]}, open(args[args.index("--json") + 1], "w"))
+"""
+
+
+@pytest.mark.torchrun
+def test_the_builds_memo_runs_an_identical_launch_once(tmp_path, server, monkeypatch):
+    """In the book's build (PPBOOK_LAUNCH_MEMO, tools/build_book.py) a launch identical to one made
+    before returns that run, its JSON, output and seconds: the pid shows the script did not run
+    again. Other arguments, another process count, a changed script, a launch that names a file
+    and one that failed run each time; so does every launch outside a build."""
+    script = write(tmp_path, PID_PROBE)
+    monkeypatch.setenv(server.MEMO_ENV, str(tmp_path / "memo"))
+    first = launch.torchrun(script, ["--n", 1], nproc=2, timeout=120)
+    again = launch.torchrun(script, ["--n", 1], nproc=2, timeout=120)
+    assert first.forked and again.data == first.data and again.output == first.output
+    assert again.seconds == first.seconds
+    pid = first.data["pid"]
+    assert launch.torchrun(script, ["--n", 2], nproc=2, timeout=120).data["pid"] != pid
+    assert launch.python(script, ["--n", 1], timeout=120).data["pid"] != pid
+    named = [launch.python(script, ["--file", tmp_path / "x"], timeout=120).data["pid"] for _ in range(2)]
+    failed = [launch.python(script, ["--fail"], timeout=120, check=False, json_result=False).output for _ in range(2)]
+    assert named[0] != named[1] and failed[0] != failed[1]
+    script.write_text(script.read_text() + "\n# changed\n")
+    assert launch.torchrun(script, ["--n", 1], nproc=2, timeout=120).data["pid"] != pid
+    # the build prints what was answered so (tools/build_book.py)
+    assert (tmp_path / "memo" / server.ANSWERED).read_text().splitlines() == ["probe.py --n 1"]
+    monkeypatch.delenv(server.MEMO_ENV)
+    outside = [launch.python(script, ["--n", 3], timeout=120).data["pid"] for _ in range(2)]
+    assert outside[0] != outside[1]
+
+
 def test_the_server_ends_with_the_process_that_started_it(tmp_path):
     """A server whose starter dies without stopping it exits too (no stray servers after a
     killed test session)."""

@@ -29,6 +29,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
@@ -137,7 +138,9 @@ def servers(logs: Path):
     """The pages' launches fork their ranks from one launch server (ppbook_tools.zygote), unless the
     caller runs one already (the tests do) or asks for torchrun itself (PPBOOK_LAUNCHER=torchrun);
     their kernels fork from a server of their own (``ppbook_tools.kernel``), which has the build's
-    environment, as a kernel does. Logs ``zygote.log`` and ``kernels.log`` in ``logs``."""
+    environment, as a kernel does. Logs ``zygote.log`` and ``kernels.log`` in ``logs``. A launch
+    that one page makes after another made it identically is answered with that run
+    (``PPBOOK_LAUNCH_MEMO``, :func:`ppbook_tools.zygote.memo_key`): each launch runs once a build."""
     from ppbook import launch
     from ppbook_tools import zygote
 
@@ -147,9 +150,16 @@ def servers(logs: Path):
             started.append(zygote.start(launch.child_env(), log=logs / "zygote.log"))
         if not os.environ.get(zygote.KERNEL_ENV):
             started.append(zygote.start(dict(os.environ), log=logs / "kernels.log", kernels=True))
+    memo = tempfile.mkdtemp(prefix="ppbook-memo-")
+    os.environ[zygote.MEMO_ENV] = memo  # the pages' kernels inherit it
     try:
         yield
     finally:
+        os.environ.pop(zygote.MEMO_ENV, None)
+        answered = Path(memo) / zygote.ANSWERED
+        for line in answered.read_text().splitlines() if answered.is_file() else []:
+            print(f"answered from an identical earlier launch: {line}", flush=True)
+        shutil.rmtree(memo, ignore_errors=True)
         for server in started:
             zygote.stop(server)
 

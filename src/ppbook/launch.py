@@ -52,8 +52,9 @@ class ForkTimeout(Exception):
 #: on ``nproc`` ranks (``None``: one plain process) forked from a process that has imported torch
 #: already, in folder ``cwd`` with environment ``env``, and returns ``(exit status, output)``; or
 #: ``None`` when it cannot run this launch (then torchrun starts it). Past ``timeout`` seconds it
-#: kills the ranks and raises :class:`ForkTimeout`.
-Forker = Callable[[Path, list, "int | None", Path, dict, float], "tuple[int, str] | None"]
+#: kills the ranks and raises :class:`ForkTimeout`. A forker that answers from an identical launch
+#: it ran before returns ``(exit status, output, seconds that launch took)``.
+Forker = Callable[[Path, list, "int | None", Path, dict, float], "tuple[int, str] | tuple[int, str, float] | None"]
 
 _forker: Forker | None = None  # plugged in by the build's and the tests' launch server, never by a chapter
 
@@ -215,8 +216,9 @@ def _run(command: list[str], timeout: float, cwd: Path, expect_json: Path | None
             forked = _forker(*fork, cwd, env, timeout)
         except ForkTimeout as e:
             raise LaunchError(_timed_out(command, timeout, e.output)) from None
+    took = None
     if forked is not None:
-        returncode, output = forked
+        returncode, output, *took = forked
     else:
         proc = subprocess.Popen(command, cwd=cwd, env=started_env(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, start_new_session=True)
@@ -227,7 +229,7 @@ def _run(command: list[str], timeout: float, cwd: Path, expect_json: Path | None
             output, _ = proc.communicate(timeout=30)
             raise LaunchError(_timed_out(command, timeout, output)) from None
         returncode = proc.returncode
-    seconds = time.perf_counter() - t0
+    seconds = took[0] if took else time.perf_counter() - t0
     result = RunResult(command, returncode, output, seconds, forked=forked is not None)
     if check and returncode != 0:
         raise LaunchError(f"exit status {returncode}: {result.shell_command}\n--- last output ---\n{output[-4000:]}")

@@ -34,6 +34,8 @@ bits.
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import hashlib
 import importlib
 import importlib.util
 import json
@@ -55,6 +57,10 @@ from ppbook.launch import ForkTimeout as Timeout
 from ppbook.launch import kill_tree
 
 ENV = "PPBOOK_ZYGOTE"  # the server's socket path, for every process that may launch
+# A folder: the book's build records there what its pages' launches answered (tools/build_book.py),
+# and a page that makes a launch another page made already gets that answer (:func:`_memoised`).
+MEMO_ENV = "PPBOOK_LAUNCH_MEMO"
+ANSWERED = "answered.txt"  # in that folder: a line per launch answered so, its script and arguments
 KERNEL_ENV = "PPBOOK_KERNEL_SERVER"  # the socket of the server of the pages' kernels (ppbook_tools.kernel)
 # Imported once by the server: everything a companion script imports that takes long.
 PRELOAD = ("numpy", "torch", "torch.distributed.pipelining", "torch.distributed.checkpoint",
@@ -123,13 +129,65 @@ def _connect(variable: str = ENV) -> socket.socket | None:
 
 
 def run(script: Path, args: list[str], nproc: int | None, cwd: Path, env: dict,
-        timeout: float) -> tuple[int, str] | None:
+        timeout: float) -> tuple[int, str] | tuple[int, str, float] | None:
     """Run ``script`` with ``args`` on ``nproc`` forked ranks (``None``: one plain process, as
     ``python script``), and return ``(exit status, output)``; ``None`` when it must run the usual
     way instead (no server, or an environment the server cannot give the ranks).
-    Raises :class:`Timeout` after ``timeout`` seconds, with every rank killed."""
-    return _run({"script": str(script), "args": [str(a) for a in args], "nproc": nproc, "cwd": str(cwd),
-                 "env": env}, timeout)
+    Raises :class:`Timeout` after ``timeout`` seconds, with every rank killed. In the book's build
+    (``PPBOOK_LAUNCH_MEMO``) a launch another page made already returns that launch's
+    ``(exit status, output, seconds)`` (:func:`_memoised`)."""
+    request = {"script": str(script), "args": [str(a) for a in args], "nproc": nproc, "cwd": str(cwd), "env": env}
+    if os.environ.get(MEMO_ENV):
+        return _memoised(Path(os.environ[MEMO_ENV]), request, timeout)
+    return _run(request, timeout)
+
+
+def memo_key(request: dict) -> tuple[str, str | None] | None:
+    """``(key, the launcher's --json path)`` of a launch that the build may answer from an identical
+    one: the same script (its bytes), arguments (but the launcher's own ``--json`` path), ranks,
+    folder and environment (but Jupyter's per-kernel ``JPY_`` variables). ``None`` for a launch that
+    names a file or folder in its arguments: what it reads or writes there may have changed since."""
+    args, json_path = list(request["args"]), None
+    if args[-2:-1] == ["--json"]:
+        args, json_path = args[:-2], args[-1]
+    if any(os.sep in a for a in args):
+        return None
+    env = sorted((k, v) for k, v in request["env"].items() if not k.startswith("JPY_"))
+    digest = hashlib.sha256((Path(request["cwd"]) / request["script"]).read_bytes())
+    digest.update(json.dumps([request["script"], args, json_path is None, request["nproc"], request["cwd"], env]).encode())
+    return digest.hexdigest(), json_path
+
+
+def _memoised(folder: Path, request: dict, timeout: float) -> tuple[int, str] | tuple[int, str, float] | None:
+    """The book's build runs a launch once: chapter 3 and the schedules' deeper page both measure
+    ``03_gpipe.py --check --microbatches 1 2 4 8``, and the second page shows the first's run, its
+    JSON, output and seconds. Only launches that exited 0 are kept; a page that makes an identical
+    launch while another runs it waits for its answer (a lock per launch)."""
+    key = memo_key(request)
+    if key is None:
+        return _run(request, timeout)
+    digest, json_path = key
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / f"{digest}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when this launch ends, or its process dies
+        record = folder / f"{digest}.json"
+        if record.is_file():
+            kept = json.loads(record.read_text())
+            if json_path is not None and kept["json"] is not None:
+                Path(json_path).write_text(kept["json"])
+            with open(folder / ANSWERED, "a") as log:  # the build says which (tools/build_book.py)
+                log.write(" ".join([Path(request["script"]).name, *request["args"][:-2 if json_path else None]]) + "\n")
+            return kept["returncode"], kept["output"], kept["seconds"]
+        t0 = time.perf_counter()
+        answer = _run(request, timeout)
+        seconds = time.perf_counter() - t0
+        if answer is not None and answer[0] == 0:
+            written = Path(json_path) if json_path is not None else None
+            kept = {"returncode": 0, "output": answer[1], "seconds": seconds,
+                    "json": written.read_text() if written is not None and written.is_file() else None}
+            record.with_suffix(".tmp").write_text(json.dumps(kept))
+            record.with_suffix(".tmp").replace(record)
+        return answer if answer is None else (*answer, seconds)  # the seconds an identical launch will show
 
 
 def run_module(module: str, args: list[str], cwd: Path, env: dict, timeout: float,
