@@ -3,7 +3,7 @@
 Each ``--mistake`` breaks exactly one rule and skips the book's own argument checks, so what
 you see is torch's own message, the one you would meet in your own code. CPU, two processes:
     torchrun --standalone --nproc-per-node 2 scripts/a3_troubleshooting.py --mistake indivisible
-    torchrun --standalone --nproc-per-node 2 scripts/a3_troubleshooting.py --mistake hang --timeout 5 --dump-dir /tmp
+    torchrun --standalone --nproc-per-node 2 scripts/a3_troubleshooting.py --mistake hang --timeout 5 --dump-dir _build/a3/flight
     TORCH_LOGS=+pp torchrun --standalone --nproc-per-node 2 scripts/a3_troubleshooting.py --mistake hang --timeout 5
 Every mistake exits non-zero; ``--mistake none`` is the same pipeline done right and exits 0
 (so is ``target-not-last``: a target given to a rank that is not last is ignored).
@@ -33,7 +33,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     cli.add_common_args(p, batch_size=8, seq_len=8, layers=4, dim=16)
     p.add_argument("--mistake", choices=MISTAKES, required=True, help="which rule to break")
-    p.add_argument("--dump-dir", default=None, help="hang: each rank writes what it completed to DIR/rankN.json")
+    p.add_argument("--dump-dir", default=None,
+                   help="hang: each rank writes what it completed to DIR/rankN.json (DIR is made if missing)")
     p.add_argument("--no-placement-check", action="store_true",
                    help="wrong-v-placement: skip the book's placement check and let torch run the step (its "
                         "outcome depends on timing: a garbage allocation, or a wait until --timeout)")
@@ -44,8 +45,8 @@ def validate(args: argparse.Namespace, num_stages: int) -> None:
     # deliberately NOT cli.validate_common: it would refuse the mistakes before torch sees them
     if num_stages != 2:
         raise ValueError(f"every mistake is staged on exactly 2 processes, got {num_stages}; use --nproc-per-node 2")
-    if args.dump_dir and not os.path.isdir(args.dump_dir):
-        raise ValueError(f"--dump-dir {args.dump_dir} does not exist; create it first")
+    if args.dump_dir and os.path.exists(args.dump_dir) and not os.path.isdir(args.dump_dir):
+        raise ValueError(f"--dump-dir {args.dump_dir} is a file, not a folder; give a folder (made if missing)")
     if args.batch_size % args.microbatches or args.layers < 4 or args.timeout <= 0:
         raise ValueError("start from a correct set-up: --batch-size divisible by --microbatches, --layers at least 4, "
                          "--timeout positive; --mistake then breaks one rule")
@@ -114,6 +115,7 @@ def hang(schedule, stage, info, tokens, targets, dump_dir: str | None) -> int:
         )
         sys.stdout.flush()
         if dump_dir:  # one file per rank, readable after every process has died
+            os.makedirs(dump_dir, exist_ok=True)
             cli.write_json(
                 os.path.join(dump_dir, f"rank{info.rank}.json"),
                 {

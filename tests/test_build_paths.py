@@ -34,7 +34,8 @@ def test_hide_writes_each_prefix_as_a_reader_would():
 
 # what pages showed (issue 50): a folder made by tempfile, with its random characters (appendix A3's
 # flight records, and chapters 6 and 7 before they worked under _build); a tokenizer in tempfile's
-# unnamed folder; the file IPython ran a cell from
+# unnamed folder; the file IPython ran a cell from; folders named by tempfile's prefix, as the
+# printed commands once showed them
 TEMP = ("wrote /tmp/flight-cy1ucgd3/rank1.json\n"
         "$ python scripts/06_train.py --tokenizer-file /tmp/tmp/tokenizers/bpe-300-da97d5d81942ee1a.json\n"
         "# File: /tmp/ipykernel_16744/1972254578.py:8 in forward\n"
@@ -42,29 +43,33 @@ TEMP = ("wrote /tmp/flight-cy1ucgd3/rank1.json\n"
         "saved /tmp/ppbook-ch7/p2/step-000003")
 
 
-NAMED = {"flight"}  # the folder a page names with tempfile's prefix= (a3_troubleshooting.md)
-
-
 def test_temp_paths_finds_the_builds_temporary_folders():
-    assert machine_paths.temp_paths(TEMP, NAMED) == ["/tmp/flight-cy1ucgd3", "/tmp/tmp", "/tmp/ipykernel_16744",
-                                                     "/tmp/pytest-of-ann", "/tmp/ppbook-ch7"]
-    assert machine_paths.temp_paths("--dump-dir /tmp/flight and /tmp/flight/rank0.json", NAMED) == []
+    assert machine_paths.temp_paths(TEMP) == ["/tmp/flight-cy1ucgd3", "/tmp/tmp", "/tmp/ipykernel_16744", "/tmp/flight",
+                                              "/tmp/pytest-of-ann", "/tmp/ppbook-ch7"]
+
+
+def test_a_path_under_the_temporary_folder_is_a_build_path_whatever_its_name():
+    """Pages write their files under _build and name them from the repository root; a folder under
+    the temporary folder is the build machine's even when a page chose its name, as A3 did with
+    tempfile's prefix="flight-" and chapter 4 does with "ppbook-ch4-hf-"."""
+    import tempfile
+
+    mine = f"{tempfile.gettempdir()}/ppbook-ch4-hf-ab12cd34"
+    assert machine_paths.temp_paths(f"--dump-dir /tmp/flight and /tmp/flight/rank0.json; {mine}/config.json") == [
+        "/tmp/flight", mine]
     # as a notebook's JSON and a page's HTML write them
-    assert machine_paths.temp_paths('"# shown as /tmp/flight\\n", &quot;/tmp/flight&quot;', NAMED) == []
+    assert machine_paths.temp_paths('"# shown as /tmp/flight\\n", &quot;/tmp/ppbook-ch7&quot;') == [
+        "/tmp/flight", "/tmp/ppbook-ch7"]
+    # what the pages print instead is no build path
+    assert machine_paths.temp_paths("--dump-dir _build/a3/flight --save-dir _build/ch7/p2") == []
 
 
-def test_the_pages_name_their_temporary_folders():
-    names = machine_paths.page_temp_names()
-    assert NAMED <= names and "tmp" not in names and not any(n.endswith("-") for n in names), names
-    # chapters 6 and 7 work under _build, and name it from the repository root as their commands do
-    assert not names & {"ppbook-ch6", "ppbook-ch7"}, names
-
-
-def test_hide_names_a_temporary_folder_by_its_prefix_as_the_printed_commands_do():
+def test_hide_leaves_a_temporary_folder_as_it_is_for_temp_paths_to_report():
     shown = machine_paths.hide(TEMP, FAKE)
-    assert "wrote /tmp/flight/rank1.json" in shown and "# File: <notebook cell>:8 in forward" in shown
-    # a folder without a name of the page's own stays, for temp_paths to report
-    assert machine_paths.temp_paths(shown, NAMED) == ["/tmp/tmp", "/tmp/pytest-of-ann", "/tmp/ppbook-ch7"]
+    # tempfile's random characters stay: no folder is named by its prefix any more
+    assert "wrote /tmp/flight-cy1ucgd3/rank1.json" in shown and "# File: <notebook cell>:8 in forward" in shown
+    assert machine_paths.temp_paths(shown) == ["/tmp/flight-cy1ucgd3", "/tmp/tmp", "/tmp/flight", "/tmp/pytest-of-ann",
+                                               "/tmp/ppbook-ch7"]
 
 
 def test_this_machines_paths_are_known_and_never_the_root_folder():
@@ -144,17 +149,20 @@ def test_no_built_page_shows_a_path_of_the_build_machine(built_book):
         if hits:
             bad[str(page.relative_to(built_book))] = hits
     assert not bad, (f"pages showing the build machine's paths (tools/machine_paths.py hides them; write a page's "
-                     f"files under _build, named from the repository root as chapters 6 and 7 do): {bad}")
+                     f"files under _build, named from the repository root as chapters 6 and 7 and appendix A3 "
+                     f"do): {bad}")
 
 
 @pytest.mark.book
-@pytest.mark.parametrize("page", ["06_training", "07_checkpointing"])
-def test_the_pages_that_write_files_show_no_temporary_folder(built_book, page):
-    """Chapter 6's tokenizer and chapter 7's checkpoints and Hugging Face folders live under
-    ``_build/ch6`` and ``_build/ch7``, named from the repository root, where the scripts run and
-    the printed commands are typed: no path under the temporary folder, not even one a page named."""
+@pytest.mark.parametrize("page, folder", [("06_training", "_build/ch6/"), ("07_checkpointing", "_build/ch7/"),
+                                          ("a3_troubleshooting", "_build/a3/flight")])
+def test_the_pages_that_write_files_show_no_temporary_folder(built_book, page, folder):
+    """Chapter 6's tokenizer, chapter 7's checkpoints and Hugging Face folders and appendix A3's
+    flight records live under ``_build/ch6``, ``_build/ch7`` and ``_build/a3``, named from the
+    repository root, where the scripts run and the printed commands are typed: no path under the
+    temporary folder."""
     executed = built_book.parent / "jupyter_execute" / "book" / f"{page}.ipynb"  # build_book.write_executed's
     for shown in (built_book / "book" / f"{page}.html", executed):
         text = shown.read_text("utf8")
-        assert not machine_paths.temp_paths(text, named=set()), machine_paths.temp_paths(text, named=set())
-        assert f"_build/ch{page[1]}/" in text, shown
+        assert not machine_paths.temp_paths(text), machine_paths.temp_paths(text)
+        assert folder in text, shown

@@ -278,16 +278,18 @@ def test_reader_command_drops_the_launchers_json_and_machine_paths(tmp_path):
 
     root = "/home/someone/book"
     mine = f"{tempfile.gettempdir()}/ppbook-k2j3x9_q/result.json"
-    dumps = f"{tempfile.gettempdir()}/flight-ab12cd34"
     r = launch.RunResult([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                          "scripts/03_gpipe.py", "--microbatches", "4", "--dump-dir", dumps,
+                          "scripts/03_gpipe.py", "--microbatches", "4", "--dump-dir", f"{root}/_build/a3/flight",
                           "--config", f"{root}/data/x.json", "--json", mine],
                          0, "", 0.0, json_path=mine, env={"PPBOOK_NCCL_RULES": "1"}, root=root)
     assert r.reader_command == ("PPBOOK_NCCL_RULES=1 torchrun --standalone --nproc-per-node 2 scripts/03_gpipe.py "
-                                "--microbatches 4 --dump-dir /tmp/flight --config data/x.json")
-    # a --json the reader asked for stays; so does every path outside the repository and the temporary folder
-    own = launch.RunResult([sys.executable, "scripts/x.py", "--json", "/data/out.json"], 0, "", 0.0)
-    assert own.reader_command == "python scripts/x.py --json /data/out.json"
+                                "--microbatches 4 --dump-dir _build/a3/flight --config data/x.json")
+    # a --json the reader asked for stays; so does every path outside the repository, one under the
+    # temporary folder included, random characters and all (the build's check then reports it)
+    made = f"{tempfile.gettempdir()}/flight-ab12cd34"
+    own = launch.RunResult([sys.executable, "scripts/x.py", "--json", "/data/out.json", "--dump-dir", made],
+                           0, "", 0.0, root=root)
+    assert own.reader_command == f"python scripts/x.py --json /data/out.json --dump-dir {made}"
 
 
 def test_reader_command_of_a_real_launch(tmp_path):

@@ -6,15 +6,12 @@ reader and differ on every machine. The build (``build_book.execute``, which ``r
 too) passes every executed notebook's outputs through :func:`hide_in_notebook`, which writes each
 such prefix as a reader would: ``site-packages/torch/...`` for an installed package,
 ``lib/python3.11/...`` for the standard library, ``src/ppbook/...`` for a file of the repository,
-``~`` for the home directory. Chapters 6 and 7 write their files under ``_build`` and name them
-from the repository root, as their printed commands do (``--save-dir _build/ch7/p2``), so no
-temporary folder shows there. Under the temporary folder, a folder a page still makes with
-``tempfile`` is named by its prefix, as the commands the pages print name it
-(``/tmp/flight-x1y2z3w4`` -> ``/tmp/flight``, appendix A3's ``--dump-dir``,
-:func:`ppbook.launch.temp_folder_name`), and the file IPython runs a cell from
-(``/tmp/ipykernel_123/456.py``) is ``<notebook cell>``. Any other path under the temporary folder
-that no page named is the build's own (:func:`temp_paths` finds them). Code cells are left alone
-(the execution cache keys on them).
+``~`` for the home directory, and the file IPython runs a cell from (``/tmp/ipykernel_123/456.py``)
+as ``<notebook cell>``. No other path under the temporary folder is hidden: pages write their
+files under ``_build`` in the repository and name them from its root, as their printed commands do
+(``--save-dir _build/ch7/p2``, ``--dump-dir _build/a3/flight``), so any path under the temporary
+folder that a built page shows is the build's own (:func:`temp_paths` finds them). Code cells are
+left alone (the execution cache keys on them).
 
     python tools/machine_paths.py _build/html     # list the build paths left on built pages
 """
@@ -28,8 +25,6 @@ import sys
 import sysconfig
 import tempfile
 from pathlib import Path
-
-from ppbook.launch import temp_folder_name
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -63,38 +58,30 @@ def _temp_pattern() -> re.Pattern:
     return re.compile(rf"(?<![\w./~-])(?:{alternatives})/([^\s/'\"`<>:,;)\]\\&]+)")  # a name stops at JSON's \\n and HTML's &quot;
 
 
-def _hide_temp(text: str) -> str:
-    """Folders made by ``tempfile`` named by their prefix; IPython's cell files as ``<notebook cell>``."""
+def _hide_cell_files(text: str) -> str:
+    """IPython's cell files (``/tmp/ipykernel_123/456.py``) as ``<notebook cell>``."""
     temp = _temp_pattern()
-    text = re.sub(temp.pattern + r"/\d+\.py", lambda m: "<notebook cell>" if m[1].startswith("ipykernel_") else m[0],
+    return re.sub(temp.pattern + r"/\d+\.py", lambda m: "<notebook cell>" if m[1].startswith("ipykernel_") else m[0],
                   text)
-    return temp.sub(lambda m: f"/tmp/{temp_folder_name(m[1])}", text)
 
 
 def hide(text: str, paths: list[tuple[str, str]] | None = None) -> str:
     """``text`` with every machine path written as a reader would (``ROOT/src/x.py`` -> ``./src/x.py``,
-    ``/tmp/flight-x1y2z3w4/rank0.json`` -> ``/tmp/flight/rank0.json``)."""
+    ``/tmp/ipykernel_123/456.py`` -> ``<notebook cell>``); any other path under the temporary folder
+    as it is, for :func:`temp_paths` to report."""
     paths = machine_paths() if paths is None else paths
     if paths:
         shown = dict(paths)
         text = _pattern(paths).sub(lambda m: shown[m.group(0)], text)
-    return _hide_temp(text)
+    return _hide_cell_files(text)
 
 
-def page_temp_names(root: Path = ROOT) -> set[str]:
-    """The names the pages give their temporary folders, as pages show them: each ``prefix=`` a page
-    of ``root/book`` passes to ``tempfile`` (``prefix="flight-"`` -> ``flight``)."""
-    prefix = re.compile(r"""\bprefix=["']([\w.-]+)["']""")
-    return {p.rstrip("-_") for page in (root / "book").glob("*.md") for p in prefix.findall(page.read_text())}
-
-
-def temp_paths(text: str, named: set[str] | None = None) -> list[str]:
-    """The paths under the temporary folder that ``text`` shows and a reader could not have typed:
-    every one but those in a folder a page named (``named``, by default :func:`page_temp_names`),
-    such as a folder with tempfile's random characters, tempfile's unnamed ``tmp`` folders,
-    IPython's cell files or the build's output folder. Each once, in order of appearance."""
-    named = page_temp_names() if named is None else named
-    return list(dict.fromkeys(m[0] for m in _temp_pattern().finditer(text) if m[1] not in named))
+def temp_paths(text: str) -> list[str]:
+    """The paths under the temporary folder that ``text`` shows: every one is the build machine's
+    (a folder with tempfile's random characters, tempfile's unnamed ``tmp`` folders, IPython's cell
+    files, the build's output folder), since no page writes a file there. Each once, in order of
+    appearance."""
+    return list(dict.fromkeys(m[0] for m in _temp_pattern().finditer(text)))
 
 
 def found(text: str, paths: list[tuple[str, str]] | None = None) -> list[str]:

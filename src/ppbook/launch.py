@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import shlex
 import subprocess
 import sys
@@ -98,10 +97,11 @@ class RunResult:
     def reader_command(self) -> str:
         """The command a reader types at the repository root, as chapters print it: ``shell_command``
         without the launcher's own ``--json`` path, the launch's variables in front
-        (``PPBOOK_NCCL_RULES=1 torchrun ...``), paths inside the repository relative to it, and a
-        folder made by ``tempfile`` shown as ``/tmp/<its prefix>`` (``/tmp/flight``), so that no
-        page shows a path of the machine that built it, e.g.
-        ``torchrun --standalone --nproc-per-node 2 scripts/03_gpipe.py --microbatches 4``."""
+        (``PPBOOK_NCCL_RULES=1 torchrun ...``) and paths inside the repository relative to it, so
+        that no page shows a path of the machine that built it, e.g.
+        ``torchrun --standalone --nproc-per-node 2 scripts/03_gpipe.py --microbatches 4``. Any other
+        path stays as it is: a page writes its files under the repository (``_build/ch7/p2``),
+        never in the temporary folder, whose paths differ on every machine."""
         words = shlex.split(self.shell_command)
         if self.json_path is not None and words[-2:] == ["--json", self.json_path]:
             words = words[:-2]
@@ -110,30 +110,10 @@ class RunResult:
         return shlex.join([*prefix, *words])
 
 
-#: A folder ``tempfile.mkdtemp`` made: its prefix, then eight random characters.
-MKDTEMP_NAME = re.compile(r"(.*[-_]|tmp)[a-z0-9_]{8}")
-
-
-def temp_folder_name(name: str) -> str:
-    """A folder directly under the temporary folder as a reader would name it: a folder made by
-    ``tempfile`` by its prefix, without the random characters (``flight-x1y2z3w4`` ->
-    ``flight``); any other name as it is."""
-    made = MKDTEMP_NAME.fullmatch(name)
-    return made[1].rstrip("-_") if made else name
-
-
 def _reader_path(word: str, root: str | None) -> str:
-    """``word`` as a reader would type it: relative to ``root`` inside it; under the temporary folder,
-    ``/tmp/`` and the folder's prefix without tempfile's random eight characters."""
-    if not word.startswith("/"):
-        return word
-    path = Path(word)
-    if root is not None and path.is_relative_to(root):
-        return str(path.relative_to(root)) or "."
-    tmp = Path(tempfile.gettempdir())
-    if path.is_relative_to(tmp) and path != tmp:
-        first, *rest = path.relative_to(tmp).parts
-        return str(Path("/tmp", temp_folder_name(first), *rest))
+    """``word`` as a reader would type it: relative to ``root`` inside it, as it is elsewhere."""
+    if root is not None and word.startswith("/") and Path(word).is_relative_to(root):
+        return str(Path(word).relative_to(root)) or "."
     return word
 
 
