@@ -70,7 +70,8 @@ def torchrun_nodes(script: str, args: list[str] | tuple = (), nnodes: int = 2, n
     with tempfile.TemporaryDirectory(prefix="ppbook-nodes-") as tmp:
         out = Path(tmp) / "result.json"
         extra = ["--json", str(out)] if json_result else []
-        commands = [node_command(shown, [*args, *extra], nnodes, i, nproc_per_node, endpoint, Path(tmp).name)
+        # one job's id, the same on every node (the fresh port keeps two launches apart), as a reader types it
+        commands = [node_command(shown, [*args, *extra], nnodes, i, nproc_per_node, endpoint, "ppbook")
                     for i in range(nnodes)]
         logs = [open(Path(tmp) / f"node{i}.log", "w+") for i in range(nnodes)]  # files: no pipe can fill up
         t0 = time.perf_counter()
