@@ -43,18 +43,25 @@ def site(built_book, chromium):
     httpd.shutdown()
 
 
-def visit(site, rel: str):
+def visit(site, rel: str, tab=None):
+    """Open ``rel`` in a new tab, or in ``tab`` (its listeners of this visit removed when it has
+    settled); returns the page, its console errors and its failed requests."""
     context, base, _ = site
-    page = context.new_page()
+    page = tab or context.new_page()
     errors, missing = [], []
-    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    page.on("response", lambda r: missing.append(r.url) if r.status >= 400 else None)
+    listeners = (("console", lambda m: errors.append(m.text) if m.type == "error" else None),
+                 ("pageerror", lambda e: errors.append(str(e))),
+                 ("response", lambda r: missing.append(r.url) if r.status >= 400 else None))
+    for event, listener in listeners:
+        page.on(event, listener)
     response = page.goto(f"{base}/{rel}", wait_until="load", timeout=SETTLE_MS)
     target = redirect(site, rel)
     if target is not None:  # wait for the new page, or SETTLED would run while the old one goes
         page.wait_for_url(f"{base}/{target}", wait_until="load", timeout=SETTLE_MS)
     settle(page)
+    if tab is not None:
+        for event, listener in listeners:
+            page.remove_listener(event, listener)
     assert response.status == 200, rel
     return page, errors, missing
 
@@ -95,14 +102,17 @@ IMAGE_STATS = """(im) => {
 @pytest.fixture(scope="module")
 def every_page(site) -> dict[str, dict]:
     """Each page visited once (a visit waits for typesetting and drawing, so the tests below
-    share it): its title, console errors, failed requests and figures."""
+    share it): its title, console errors, failed requests and figures. One tab walks the book, as
+    a reader clicks through it (a tab per page took twice as long: chromium starts a renderer for
+    each)."""
     seen = {}
+    tab = site[0].new_page()
     for rel in pages(site):
-        page, errors, missing = visit(site, rel)
+        page, errors, missing = visit(site, rel, tab)
         seen[rel] = {"title": page.title().strip(), "errors": errors, "missing": missing,
                      "images": [img.evaluate(IMAGE_STATS)
                                 for img in page.query_selector_all("article img[src*='_images/']")]}
-        page.close()
+    tab.close()
     return seen
 
 
