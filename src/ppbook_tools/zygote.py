@@ -142,8 +142,8 @@ def run(script: Path, args: list[str], nproc: int | None, cwd: Path, env: dict,
     return _run(request, timeout)
 
 
-def memo_key(request: dict) -> tuple[str, str | None] | None:
-    """``(key, the launcher's --json path)`` of a launch that the build may answer from an identical
+def memo_key(request: dict) -> tuple[str, list[str], str | None] | None:
+    """``(key, its arguments but the launcher's --json, that --json path)`` of a launch that the build may answer from an identical
     one: the same script (its bytes), arguments (but the launcher's own ``--json`` path), ranks,
     folder and environment (but Jupyter's per-kernel ``JPY_`` variables). ``None`` for a launch that
     names a file or folder in its arguments: what it reads or writes there may have changed since."""
@@ -155,7 +155,7 @@ def memo_key(request: dict) -> tuple[str, str | None] | None:
     env = sorted((k, v) for k, v in request["env"].items() if not k.startswith("JPY_"))
     digest = hashlib.sha256((Path(request["cwd"]) / request["script"]).read_bytes())
     digest.update(json.dumps([request["script"], args, json_path is None, request["nproc"], request["cwd"], env]).encode())
-    return digest.hexdigest(), json_path
+    return digest.hexdigest(), args, json_path
 
 
 def _memoised(folder: Path, request: dict, timeout: float) -> tuple[int, str] | tuple[int, str, float] | None:
@@ -166,7 +166,7 @@ def _memoised(folder: Path, request: dict, timeout: float) -> tuple[int, str] | 
     key = memo_key(request)
     if key is None:
         return _run(request, timeout)
-    digest, json_path = key
+    digest, args, json_path = key
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / f"{digest}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when this launch ends, or its process dies
@@ -176,7 +176,7 @@ def _memoised(folder: Path, request: dict, timeout: float) -> tuple[int, str] | 
             if json_path is not None and kept["json"] is not None:
                 Path(json_path).write_text(kept["json"])
             with open(folder / ANSWERED, "a") as log:  # the build says which (tools/build_book.py)
-                log.write(" ".join([Path(request["script"]).name, *request["args"][:-2 if json_path else None]]) + "\n")
+                log.write(" ".join([Path(request["script"]).name, *args]) + "\n")
             return kept["returncode"], kept["output"], kept["seconds"]
         t0 = time.perf_counter()
         answer = _run(request, timeout)
